@@ -1,0 +1,16 @@
+"""gspo_lightning: Group Sequence Policy Optimization (arXiv 2507.18071) on PyTorch Lightning."""
+
+from gspo_lightning.callbacks import ExportPolicy
+from gspo_lightning.module import GSPOModule
+from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation, Minibatch, PromptBatch, Rollout
+
+__version__ = "0.1.0"
+__all__ = [
+    "ExportPolicy",
+    "GSPOModule",
+    "GroupSampler",
+    "HeldOutEvaluation",
+    "Minibatch",
+    "PromptBatch",
+    "Rollout",
+]

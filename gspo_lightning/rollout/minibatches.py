@@ -1,0 +1,69 @@
+"""Splitting a rollout batch into K minibatches and recording the old policy's log-probs.
+
+pi_old is not a second copy of the weights: it is what the sampling policy said about each sampled token,
+computed here, right after sampling and before any update, with the same function and on the same tensors
+that ``training_step`` will use. On the first minibatch of a round the ratio is therefore exactly 1.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from gspo_lightning.logprobs import response_logprobs
+from gspo_lightning.rollout.types import Minibatch, Rollout
+
+
+def check_divisible(num_responses: int, num_minibatches: int) -> None:
+    """K must split the N responses of a round evenly, so every optimizer step sees the same batch size."""
+    if num_minibatches < 1 or num_responses % num_minibatches != 0:
+        raise ValueError(
+            f"num_minibatches={num_minibatches} must be >= 1 and divide the rollout batch of "
+            f"{num_responses} responses (prompts_per_rollout x group_size)"
+        )
+
+
+def _trimmed_rows(rollout: Rollout, rows: slice) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Prompt + response tensors for ``rows``, without the padding columns no row of them needs."""
+    prompt_mask = rollout.prompt_mask[rows]  # [n, Lp]
+    response_mask = rollout.response_mask[rows]  # [n, R]
+    prompt_len = max(int(prompt_mask.sum(-1).max()), 1)
+    response_len = max(int(response_mask.sum(-1).max()), 1)
+    prompt_ids = rollout.prompt_ids[rows, -prompt_len:]  # [n, Lp'] left padding: keep the right end
+    response_ids = rollout.response_ids[rows, :response_len]  # [n, R']
+    response_mask = response_mask[:, :response_len]  # [n, R']
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # [n, Lp' + R']
+    attention_mask = torch.cat([prompt_mask[:, -prompt_len:], response_mask], dim=1)  # [n, Lp' + R']
+    return input_ids, attention_mask, response_ids, response_mask
+
+
+@torch.no_grad()
+def split_minibatches(
+    rollout: Rollout, num_minibatches: int, policy: nn.Module, temperature: float = 1.0
+) -> list[Minibatch]:
+    """Cut the rollout into K contiguous minibatches and attach pi_old's per-token log-probs to each.
+
+    Contiguous rows keep a prompt's G responses together whenever G divides N / K.
+    Call it inside the same precision context as ``training_step``.
+    """
+    check_divisible(len(rollout), num_minibatches)
+    size = len(rollout) // num_minibatches
+    minibatches = []
+    for k in range(num_minibatches):
+        rows = slice(k * size, (k + 1) * size)
+        input_ids, attention_mask, response_ids, response_mask = _trimmed_rows(rollout, rows)
+        old_logprobs = response_logprobs(
+            policy, input_ids, attention_mask, response_ids.shape[1], temperature
+        )  # [n, R']
+        minibatches.append(
+            Minibatch(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                response_ids=response_ids,
+                response_mask=response_mask,
+                old_logprobs=old_logprobs.float(),
+                advantages=rollout.advantages[rows],
+                rewards=rollout.rewards[rows],
+            )
+        )
+    return minibatches

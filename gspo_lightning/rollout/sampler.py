@@ -1,0 +1,197 @@
+"""GroupSampler: the callback that turns a prompt batch into a scored, split rollout for the module.
+
+Contract with the LightningModule (ours or anyone's):
+- it has ``policy`` (a Hugging Face causal LM with ``generate``) and ``tokenizer`` attributes by the time
+  training starts (they may be built in ``configure_model``);
+- its dataloader yields ``PromptBatch`` objects, each rollout round served K times in a row with
+  ``minibatch_index`` 0..K-1 (``PromptDataModule`` does this);
+- its ``training_step`` reads ``batch.minibatch`` (a ``Minibatch``) and computes its loss from it, with
+  ``gspo_lightning.logprobs.response_logprobs`` at the same temperature as the sampler.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from gspo_lightning.objectives import group_advantages
+from gspo_lightning.rewards.scoring import RewardFunction, score_completions
+from gspo_lightning.rollout.context import inference_context, parameters_are_sharded
+from gspo_lightning.rollout.generation import (
+    SamplingSettings,
+    decode_responses,
+    encode_prompts,
+    generate_responses,
+    response_mask_until_eos,
+)
+from gspo_lightning.rollout.minibatches import check_divisible, split_minibatches
+from gspo_lightning.rollout.stats import rollout_stats
+from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
+
+
+def _repeat(values: list[Any], times: int) -> list[Any]:
+    return [value for value in values for _ in range(times)]
+
+
+class GroupSampler(Callback):
+    """Samples G responses per prompt, scores them, and hands the module K minibatches, one per step.
+
+    Args:
+        rewards: reward functions ``(prompts, completions, **columns) -> list[float]``, by import path or
+            ``class_path``; their weighted sum is the reward.
+        reward_weights: one weight per reward function (default: all 1.0).
+        group_size: G, responses sampled per prompt (>= 2: advantages compare responses within a group).
+        num_minibatches: K, optimizer steps per rollout batch (the paper uses 4); must divide P x G.
+        max_new_tokens: longest response; longer ones are cut and counted as truncated.
+        temperature: sampling temperature (> 0); log-probs are taken at the same temperature.
+        top_p: nucleus sampling threshold in (0, 1] (1 disables it).
+        top_k: top-k sampling (0 disables it).
+    """
+
+    def __init__(
+        self,
+        rewards: Sequence[Callable[..., list[float]]],
+        reward_weights: Sequence[float] | None = None,
+        group_size: int = 8,
+        num_minibatches: int = 4,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+    ) -> None:
+        _validate(rewards, reward_weights, group_size, num_minibatches, max_new_tokens, temperature, top_p, top_k)
+        self.rewards: list[RewardFunction] = list(rewards)
+        self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.rewards)
+        self.group_size = group_size
+        self.num_minibatches = num_minibatches
+        self.settings = SamplingSettings(max_new_tokens, temperature, top_p, top_k)
+        self._rollout_index: int | None = None
+        self._minibatches: list[Minibatch] = []
+        self._stats: dict[str, torch.Tensor] = {}
+        self._round_seconds: dict[str, float] = {}
+        self._step_started = 0.0
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for attribute in ("policy", "tokenizer"):
+            if getattr(pl_module, attribute, None) is None:
+                raise AttributeError(
+                    f"GroupSampler needs the LightningModule to expose `{attribute}` (see the sampler's contract)"
+                )
+        prompts = getattr(trainer.datamodule, "prompts_per_rollout", None) if trainer.datamodule else None
+        if prompts is not None:
+            check_divisible(prompts * self.group_size, self.num_minibatches)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch, batch_idx: int
+    ) -> None:
+        if batch.num_minibatches != self.num_minibatches:
+            raise ValueError(
+                f"the dataloader serves each rollout batch {batch.num_minibatches} times but the sampler's "
+                f"num_minibatches is {self.num_minibatches}: they must be equal (the CLI links them)"
+            )
+        self._round_seconds = {}
+        if batch.rollout_index != self._rollout_index or not self._minibatches:
+            self._new_round(trainer, pl_module, batch)
+        batch.minibatch = self._minibatches[batch.minibatch_index].to(pl_module.device)
+        seconds = {"generate_s": 0.0, "reward_s": 0.0, "old_logprob_s": 0.0} | self._round_seconds
+        metrics = {f"rollout/{k}": v for k, v in self._stats.items()} | {f"time/{k}": v for k, v in seconds.items()}
+        pl_module.log_dict(metrics, on_step=True, batch_size=len(batch.minibatch))
+        pl_module.log("reward", self._stats["reward_mean"], prog_bar=True, logger=False, batch_size=1)
+        self._step_started = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        pl_module.log("time/train_s", time.perf_counter() - self._step_started, on_step=True, batch_size=1)
+
+    def _new_round(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch) -> None:
+        check_divisible(len(batch) * self.group_size, self.num_minibatches)
+        with inference_context(trainer):
+            rollout = self.sample(pl_module, batch.prompts, batch.columns, parameters_are_sharded(trainer))
+            started = time.perf_counter()
+            temperature = self.settings.temperature
+            self._minibatches = split_minibatches(rollout, self.num_minibatches, pl_module.policy, temperature)
+            self._round_seconds["old_logprob_s"] = time.perf_counter() - started
+        self._stats = rollout_stats(rollout, self.group_size)
+        self._rollout_index = batch.rollout_index
+
+    def sample(
+        self, pl_module: Any, prompts: list[Any], columns: dict[str, list[Any]], synced_gpus: bool = False
+    ) -> Rollout:
+        """Sample G responses per prompt, score them and compute group advantages (Eq. 6)."""
+        tokenizer = pl_module.tokenizer
+        started = time.perf_counter()
+        prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, pl_module.device)  # [P, Lp]
+        prompt_ids = prompt_ids.repeat_interleave(self.group_size, dim=0)  # [N, Lp]
+        prompt_mask = prompt_mask.repeat_interleave(self.group_size, dim=0)  # [N, Lp]
+        response_ids = generate_responses(
+            pl_module.policy, tokenizer, prompt_ids, prompt_mask, self.settings, synced_gpus
+        )  # [N, R]
+        response_mask, truncated = response_mask_until_eos(response_ids, tokenizer.eos_token_id)  # [N, R], [N]
+        completions = decode_responses(tokenizer, response_ids, response_mask)
+        self._round_seconds["generate_s"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        repeated_columns = {name: _repeat(values, self.group_size) for name, values in columns.items()}
+        rewards, components = score_completions(
+            self.rewards, self.reward_weights, _repeat(prompts, self.group_size), completions, repeated_columns
+        )  # [N]
+        self._round_seconds["reward_s"] = time.perf_counter() - started
+        device = prompt_ids.device
+        return Rollout(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response_ids,
+            response_mask=response_mask,
+            rewards=rewards.to(device),
+            advantages=group_advantages(rewards, self.group_size).to(device),
+            truncated=truncated,
+            completions=completions,
+            reward_components=components,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The partly consumed round travels with the checkpoint, so a resume mid-round trains on the same data."""
+        return {
+            "rollout_index": self._rollout_index,
+            "minibatches": [{k: v.cpu() for k, v in asdict(mb).items()} for mb in self._minibatches],
+            "stats": self._stats,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._rollout_index = state_dict["rollout_index"]
+        self._minibatches = [Minibatch(**fields) for fields in state_dict["minibatches"]]
+        self._stats = state_dict["stats"]
+
+
+def _validate(
+    rewards: Sequence[Any],
+    reward_weights: Sequence[float] | None,
+    group_size: int,
+    num_minibatches: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+) -> None:
+    if not rewards:
+        raise ValueError("sampler.rewards must name at least one reward function")
+    if reward_weights is not None and len(reward_weights) != len(rewards):
+        raise ValueError(f"sampler.reward_weights has {len(reward_weights)} values for {len(rewards)} rewards")
+    checks = [
+        (group_size >= 2, f"sampler.group_size must be >= 2 (advantages compare a group), got {group_size}"),
+        (num_minibatches >= 1, f"sampler.num_minibatches must be >= 1, got {num_minibatches}"),
+        (max_new_tokens >= 1, f"sampler.max_new_tokens must be >= 1, got {max_new_tokens}"),
+        (temperature > 0, f"sampler.temperature must be > 0, got {temperature}"),
+        (0 < top_p <= 1, f"sampler.top_p must be in (0, 1], got {top_p}"),
+        (top_k >= 0, f"sampler.top_k must be >= 0 (0 disables it), got {top_k}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)

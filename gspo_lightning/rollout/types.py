@@ -1,0 +1,99 @@
+"""Typed data passed between the stages of one rollout round.
+
+    PromptDataModule --PromptBatch--> GroupSampler --Rollout/Minibatch--> training_step
+
+Rows are group-contiguous everywhere: with P prompts and G responses per prompt, row ``i`` belongs to prompt
+``i // G``. ``N = P * G`` is the number of responses in a rollout batch, ``n = N / K`` in one minibatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+Prompt = str | list[dict[str, str]]
+"""A plain prompt string, or a chat conversation (list of ``{"role", "content"}`` messages)."""
+
+
+@dataclass
+class PromptBatch:
+    """One dataloader item: the prompts of one rollout round, served once per optimizer step of that round.
+
+    Attributes:
+        prompts: P formatted prompts (strings, or chat messages when the chat template is used).
+        columns: the data set's other columns, each a list of P values (e.g. ``answer``); passed to rewards.
+        rollout_index: index of this rollout round on this rank (0, 1, 2, ...).
+        minibatch_index: which of the round's K minibatches this optimizer step trains on (0 .. K-1).
+        num_minibatches: K.
+        minibatch: filled in by the sampler callback before ``training_step`` (``None`` until then).
+    """
+
+    prompts: list[Prompt]
+    columns: dict[str, list[Any]]
+    rollout_index: int = 0
+    minibatch_index: int = 0
+    num_minibatches: int = 1
+    minibatch: Minibatch | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+@dataclass
+class Minibatch:
+    """What one optimizer step trains on: n responses with everything the objective needs.
+
+    Shapes (L = prompt length Lp + response length R, both trimmed to this minibatch):
+        input_ids:      [n, L]  left-padded prompt followed by the right-padded response
+        attention_mask: [n, L]  1 on real prompt and response tokens, 0 on padding
+        response_ids:   [n, R]  the sampled response tokens (the last R columns of input_ids)
+        response_mask:  [n, R]  1 on response tokens up to and including EOS, 0 after
+        old_logprobs:   [n, R]  float32 log pi_old(y_t | x, y_<t), recorded right after sampling
+        advantages:     [n]     group-normalised advantage of each response (Eq. 6)
+        rewards:        [n]     the scalar reward of each response
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    old_logprobs: Tensor
+    advantages: Tensor
+    rewards: Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: torch.device | str) -> Minibatch:
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+
+@dataclass
+class Rollout:
+    """One rollout batch: P prompts x G sampled responses, scored, before the old-policy pass.
+
+    Shapes:
+        prompt_ids:     [N, Lp]  left-padded prompt tokens (each prompt repeated G times)
+        prompt_mask:    [N, Lp]  1 on real prompt tokens
+        response_ids:   [N, R]   sampled tokens, padded after EOS
+        response_mask:  [N, R]   1 up to and including the first EOS
+        rewards:        [N]      combined (weighted) reward
+        advantages:     [N]      group-normalised advantages
+        truncated:      [N]      bool, True when the response hit max_new_tokens without EOS
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    rewards: Tensor
+    advantages: Tensor
+    truncated: Tensor
+    completions: list[str] = field(default_factory=list)
+    reward_components: dict[str, Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
