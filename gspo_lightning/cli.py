@@ -6,7 +6,7 @@ import time
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_only
 
 from gspo_lightning.callbacks import ExportPolicy
 from gspo_lightning.data import PromptDataModule
@@ -30,7 +30,8 @@ class GSPOCLI(LightningCLI):
         self._fit_started = time.perf_counter()
 
     def after_fit(self) -> None:
-        rank_zero_info(self.summary(time.perf_counter() - self._fit_started))
+        if rank_zero_only.rank == 0:
+            print(self.summary(time.perf_counter() - self._fit_started), flush=True)
 
     def summary(self, seconds: float) -> str:
         """What a user wants to know when the run ends: did it learn, and where are the files."""
@@ -54,7 +55,8 @@ class GSPOCLI(LightningCLI):
         return "\n".join(lines)
 
 
-def main(args: list[str] | None = None) -> GSPOCLI:
+def main(args: list[str] | None = None, run: bool = True) -> GSPOCLI:
+    """The command-line entry point; ``args`` and ``run=False`` let tests and notebooks build the objects."""
     return GSPOCLI(
         GSPOModule,
         PromptDataModule,
@@ -63,4 +65,5 @@ def main(args: list[str] | None = None) -> GSPOCLI:
         parser_kwargs={"parser_mode": "omegaconf"},
         save_config_kwargs={"overwrite": True},
         args=args,
+        run=run,
     )

@@ -19,6 +19,7 @@ from gspo_lightning.logprobs import response_logprobs
 from gspo_lightning.models import PolicyLoader
 from gspo_lightning.objectives import grpo_loss, gspo_loss
 from gspo_lightning.rollout.types import PromptBatch
+from gspo_lightning.validation import require
 
 ObjectiveFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 OBJECTIVES: dict[str, ObjectiveFn] = {"gspo": gspo_loss, "grpo": grpo_loss}
@@ -110,14 +111,9 @@ class GSPOModule(pl.LightningModule):
 def _validate(
     eps_low: float, eps_high: float, lr: float, weight_decay: float, warmup_steps: int, temperature: float
 ) -> None:
-    checks = [
-        (0 < eps_low < 1, f"model.eps_low must be in (0, 1), got {eps_low}"),
-        (0 < eps_high < 1, f"model.eps_high must be in (0, 1), got {eps_high}"),
-        (lr > 0, f"model.lr must be > 0, got {lr}"),
-        (weight_decay >= 0, f"model.weight_decay must be >= 0, got {weight_decay}"),
-        (warmup_steps >= 0, f"model.warmup_steps must be >= 0, got {warmup_steps}"),
-        (temperature > 0, f"model.temperature must be > 0, got {temperature}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
+    require(0 < eps_low < 1, f"model.eps_low must be in (0, 1), got {eps_low}")
+    require(0 < eps_high < 1, f"model.eps_high must be in (0, 1), got {eps_high}")
+    require(lr > 0, f"model.lr must be > 0, got {lr}")
+    require(weight_decay >= 0, f"model.weight_decay must be >= 0, got {weight_decay}")
+    require(warmup_steps >= 0, f"model.warmup_steps must be >= 0, got {warmup_steps}")
+    require(temperature > 0, f"model.temperature must be > 0, got {temperature}")

@@ -33,6 +33,7 @@ from gspo_lightning.rollout.generation import (
 from gspo_lightning.rollout.minibatches import check_divisible, split_minibatches
 from gspo_lightning.rollout.stats import rollout_stats
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
+from gspo_lightning.validation import require
 
 
 def _repeat(values: list[Any], times: int) -> list[Any]:
@@ -180,18 +181,14 @@ def _validate(
     top_p: float,
     top_k: int,
 ) -> None:
-    if not rewards:
-        raise ValueError("sampler.rewards must name at least one reward function")
-    if reward_weights is not None and len(reward_weights) != len(rewards):
-        raise ValueError(f"sampler.reward_weights has {len(reward_weights)} values for {len(rewards)} rewards")
-    checks = [
-        (group_size >= 2, f"sampler.group_size must be >= 2 (advantages compare a group), got {group_size}"),
-        (num_minibatches >= 1, f"sampler.num_minibatches must be >= 1, got {num_minibatches}"),
-        (max_new_tokens >= 1, f"sampler.max_new_tokens must be >= 1, got {max_new_tokens}"),
-        (temperature > 0, f"sampler.temperature must be > 0, got {temperature}"),
-        (0 < top_p <= 1, f"sampler.top_p must be in (0, 1], got {top_p}"),
-        (top_k >= 0, f"sampler.top_k must be >= 0 (0 disables it), got {top_k}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
+    require(len(rewards) > 0, "sampler.rewards must name at least one reward function")
+    require(
+        reward_weights is None or len(reward_weights) == len(rewards),
+        f"sampler.reward_weights has {len(reward_weights or [])} values for {len(rewards)} rewards",
+    )
+    require(group_size >= 2, f"sampler.group_size must be >= 2 (advantages compare a group), got {group_size}")
+    require(num_minibatches >= 1, f"sampler.num_minibatches must be >= 1, got {num_minibatches}")
+    require(max_new_tokens >= 1, f"sampler.max_new_tokens must be >= 1, got {max_new_tokens}")
+    require(temperature > 0, f"sampler.temperature must be > 0, got {temperature}")
+    require(0 < top_p <= 1, f"sampler.top_p must be in (0, 1], got {top_p}")
+    require(top_k >= 0, f"sampler.top_k must be >= 0 (0 disables it), got {top_k}")

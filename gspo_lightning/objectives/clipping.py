@@ -1,0 +1,96 @@
+"""Shared pieces of the clipped-surrogate objectives (GSPO Eq. 5, GRPO Eq. 2).
+
+Both objectives take ``min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)``; they differ only in what
+the ratio is (one per response for GSPO, one per token for GRPO). Everything here is a pure function of tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def validate_clip_range(eps_low: float, eps_high: float) -> None:
+    """Raise ValueError unless ``0 < eps_low < 1`` and ``0 < eps_high < 1`` (NaN is rejected too)."""
+    for name, value in (("eps_low", eps_low), ("eps_high", eps_high)):
+        if not 0.0 < float(value) < 1.0:
+            raise ValueError(f"{name} must satisfy 0 < {name} < 1, got {name}={value!r}")
+
+
+def validate_shapes(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> None:
+    """Raise ValueError unless logprobs, old_logprobs and mask are [N, T] and advantages is [N]."""
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [N, T], got shape {tuple(logprobs.shape)}")
+    for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask)):
+        if tensor.shape != logprobs.shape:
+            raise ValueError(
+                f"{name} must have the shape of logprobs {tuple(logprobs.shape)}, got {tuple(tensor.shape)}"
+            )
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(
+            f"advantages must be [N] = {tuple(logprobs.shape[:1])} (one per response), "
+            f"got {tuple(advantages.shape)}"
+        )
+
+
+def token_log_ratio(logprobs: Tensor, old_logprobs: Tensor, token_mask: Tensor) -> Tensor:
+    """Per-token ``log pi_theta - log pi_old`` in float32, exactly 0 on padding.
+
+    ``torch.where`` (not a multiplication by the mask) keeps a NaN/inf at a padded position out of both the
+    value and the gradient: ``0 * nan`` would be NaN, the branch not taken by ``where`` gets a zero gradient.
+    ``old_logprobs`` is a constant of the objective, so it is detached.
+    """
+    difference = logprobs.float() - old_logprobs.detach().float()  # [N, T]
+    return torch.where(token_mask, difference, torch.zeros_like(difference))  # [N, T]
+
+
+def clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`` and where the clipped branch wins.
+
+    ``advantages`` broadcasts against ``ratio``. Returns ``(objective, clipped_low, clipped_high)``; the two
+    boolean masks mark exactly where the min picks the constant clipped branch, i.e. where clipping removes
+    the gradient: ``A < 0 and ratio < 1 - eps_low`` or ``A > 0 and ratio > 1 + eps_high``. Selecting the branch
+    with ``where`` equals the min in value and gives the full (not tie-split) gradient inside the clip range.
+    """
+    clipped_low = (advantages < 0) & (ratio < 1.0 - eps_low)  # ratio's shape
+    clipped_high = (advantages > 0) & (ratio > 1.0 + eps_high)  # ratio's shape
+    clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # ratio's shape
+    objective = torch.where(clipped_low | clipped_high, clipped_ratio * advantages, ratio * advantages)
+    return objective, clipped_low, clipped_high
+
+
+def mean_over_valid(values: Tensor, valid: Tensor) -> Tensor:
+    """Mean of ``values`` where ``valid``; 0 (still attached to the graph) when nothing is valid."""
+    total = torch.where(valid, values, torch.zeros_like(values)).sum()  # []
+    return total / valid.sum().clamp(min=1)
+
+
+def clip_fraction_stats(
+    clipped_low_weight: Tensor, clipped_high_weight: Tensor, total_tokens: Tensor
+) -> dict[str, Tensor]:
+    """Token-weighted clip fractions from the number of tokens clipped on each side (0 when no tokens)."""
+    denominator = total_tokens.float().clamp(min=1.0)  # []
+    low = clipped_low_weight.float() / denominator  # []
+    high = clipped_high_weight.float() / denominator  # []
+    return {"clip_frac": low + high, "clip_frac_low": low, "clip_frac_high": high}
+
+
+def ratio_stats(ratio: Tensor, valid: Tensor) -> dict[str, Tensor]:
+    """Mean/min/max of ``ratio`` where ``valid``; 1.0 (no policy change) for all three when nothing is valid.
+
+    Written without boolean indexing or ``if`` on tensor values so that it never synchronises with the device.
+    """
+    ratio = ratio.detach().float()
+    any_valid = valid.any()  # []
+    one = torch.ones((), dtype=torch.float32, device=ratio.device)
+    infinity = torch.full((1,), float("inf"), dtype=torch.float32, device=ratio.device)
+    # The appended sentinel keeps amin/amax defined on an empty batch (N = 0).
+    lowest = torch.cat([torch.where(valid, ratio, infinity).flatten(), infinity]).amin()  # []
+    highest = torch.cat([torch.where(valid, ratio, -infinity).flatten(), -infinity]).amax()  # []
+    return {
+        "ratio_mean": torch.where(any_valid, mean_over_valid(ratio, valid), one),
+        "ratio_min": torch.where(any_valid, lowest, one),
+        "ratio_max": torch.where(any_valid, highest, one),
+    }

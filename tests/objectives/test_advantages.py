@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gspo_lightning.objectives import group_advantages
+
+
+def test_known_values_use_bessel_corrected_std() -> None:
+    # Group [1, 2, 3, 6]: mean 3, deviations -2, -1, 0, 3, squares sum to 14,
+    # unbiased variance 14 / (4 - 1), std sqrt(14 / 3) = 2.1602...
+    rewards = torch.tensor([1.0, 2.0, 3.0, 6.0])
+    std = math.sqrt(14 / 3)
+    expected = torch.tensor([-2 / std, -1 / std, 0.0, 3 / std])
+    advantages = group_advantages(rewards, group_size=4)
+    assert advantages.dtype == torch.float32
+    torch.testing.assert_close(advantages, expected, atol=1e-6, rtol=0)
+
+
+def test_group_of_two_binary_rewards() -> None:
+    # [0, 1]: mean 0.5, unbiased std sqrt((0.25 + 0.25) / 1) = sqrt(0.5), so A = -+0.5 / sqrt(0.5) = -+sqrt(0.5)
+    advantages = group_advantages(torch.tensor([0.0, 1.0]), group_size=2)
+    torch.testing.assert_close(advantages, torch.tensor([-math.sqrt(0.5), math.sqrt(0.5)]), atol=1e-6, rtol=0)
+
+
+def test_zero_variance_group_gives_exact_zero() -> None:
+    for value in (0.0, 1.0, 0.1, -3.7):
+        advantages = group_advantages(torch.full((4,), value), group_size=4)
+        assert not torch.isnan(advantages).any()
+        assert torch.equal(advantages, torch.zeros(4))
+
+
+def test_mixed_groups_are_normalised_independently() -> None:
+    # Group 0 all equal -> zeros; group 1 [0, 0, 1, 1]: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = sqrt(1/3),
+    # A = -+0.5 * sqrt(3); group 2 [2, 4, 2, 4]: the same shape scaled by 2 -> the same advantages.
+    rewards = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.0, 0.0, 1.0, 1.0, 2.0, 4.0, 2.0, 4.0])
+    half_sqrt3 = 0.5 * math.sqrt(3)
+    expected = torch.tensor(
+        [0.0] * 4 + [-half_sqrt3, -half_sqrt3, half_sqrt3, half_sqrt3] + [-half_sqrt3, half_sqrt3] * 2
+    )
+    advantages = group_advantages(rewards, group_size=4)
+    torch.testing.assert_close(advantages, expected, atol=1e-6, rtol=0)
+    assert torch.equal(advantages[:4], torch.zeros(4))
+
+
+def test_low_precision_input_is_computed_in_float32() -> None:
+    rewards = torch.tensor([0.0, 1.0, 3.0, 0.0], dtype=torch.bfloat16)
+    advantages = group_advantages(rewards, group_size=2)
+    assert advantages.dtype == torch.float32
+    torch.testing.assert_close(
+        advantages, torch.tensor([-math.sqrt(0.5), math.sqrt(0.5), math.sqrt(0.5), -math.sqrt(0.5)]),
+        atol=1e-6, rtol=0,
+    )
+
+
+@pytest.mark.parametrize("group_size", [1, 0, -2])
+def test_group_size_below_two_is_rejected(group_size: int) -> None:
+    with pytest.raises(ValueError, match=rf"group_size must be >= 2.*group_size={group_size}"):
+        group_advantages(torch.zeros(4), group_size=group_size)
+
+
+def test_rewards_not_a_multiple_of_group_size_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"N=7 is not a multiple of group_size=4"):
+        group_advantages(torch.zeros(7), group_size=4)
+
+
+def test_rewards_must_be_one_dimensional() -> None:
+    with pytest.raises(ValueError, match=r"rewards must be \[N\]"):
+        group_advantages(torch.zeros(2, 4), group_size=4)
