@@ -23,6 +23,9 @@ from gspo_lightning.validation import require
 
 ObjectiveFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 OBJECTIVES: dict[str, ObjectiveFn] = {"gspo": gspo_loss, "grpo": grpo_loss}
+# The policy stays in eval mode on purpose (see configure_model); Lightning's notice about it is noise here.
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+
 PAPER_CLIP_RANGES = {"gspo": (3e-4, 4e-4), "grpo": (0.2, 0.27)}
 """(eps_low, eps_high) used in the paper's section 5.1 for each objective."""
 
@@ -71,9 +74,12 @@ class GSPOModule(pl.LightningModule):
         """Build the policy here, not in ``__init__``, so sharded strategies can wrap it as it is created."""
         if self.policy is not None:
             return
-        self.policy = self.policy_loader.load_model(self.tokenizer)
-        if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.policy.modules()):
-            warnings.warn("the policy has active dropout: pi_old log-probs and training log-probs will differ")
+        # Eval mode for good: dropout off, so pi_old and pi_theta are the same deterministic function of the
+        # weights and the first minibatch of every round is exactly on-policy (ratio 1).
+        self.policy = self.policy_loader.load_model(self.tokenizer).eval()
+
+    def on_fit_start(self) -> None:
+        self.policy.eval()
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> Tensor:
         minibatch = batch.minibatch
