@@ -1,13 +1,13 @@
 import pytest
 import torch
 
+from gspo_lightning.models import TinyQwen3
 from gspo_lightning.module import GSPOModule
+from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout.minibatches import split_minibatches
 from gspo_lightning.rollout.sampler import GroupSampler
-from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout.types import PromptBatch
 from tests.conftest import TINY
-from gspo_lightning.models import TinyQwen3
 
 
 def test_paper_clip_ranges_are_the_defaults():

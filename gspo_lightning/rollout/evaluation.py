@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from torchmetrics import MeanMetric
 

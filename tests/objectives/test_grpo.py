@@ -2,25 +2,11 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 from torch import Tensor
 
 from gspo_lightning.objectives import grpo_loss
-
-OLD_LOGPROB = -2.0  # old log-probability of every response token; only differences matter
-
-
-def make_batch(log_ratios: list[list[float]], length: int) -> tuple[Tensor, Tensor, Tensor]:
-    """logprobs (leaf, requires grad), old_logprobs and mask for responses with the given per-token log-ratios."""
-    delta = torch.tensor([ratios + [0.0] * (length - len(ratios)) for ratios in log_ratios])  # [N, T]
-    mask = (torch.arange(length)[None, :] < torch.tensor([len(r) for r in log_ratios])[:, None]).float()  # [N, T]
-    old = OLD_LOGPROB * mask  # [N, T]
-    return (old + delta).requires_grad_(True), old, mask
-
-
-def close(actual: Tensor, expected: float | Tensor) -> None:
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=1e-6, rtol=0)
+from tests.objectives.helpers import close, compare_with_naive, make_batch
 
 
 def test_token_level_value_gradient_and_stats() -> None:
@@ -117,40 +103,8 @@ def naive_grpo_loss(logprobs: Tensor, old: Tensor, advantages: Tensor, mask: Ten
 
 
 def test_matches_naive_transcription_of_eq_2() -> None:
-    torch.manual_seed(2)
-    n, length, eps_low, eps_high = 10, 6, 0.2, 0.27
-    lengths = torch.tensor([6, 1, 0, 4, 2, 6, 3, 5, 1, 2])
-    mask = torch.arange(length)[None, :] < lengths[:, None]  # [10, 6] bool
-    old = torch.randn(n, length) - 2.0
-    logprobs = torch.where(mask, old + 0.3 * torch.randn(n, length), torch.randn(n, length) * 1e3)
-    logprobs.requires_grad_(True)
-    advantages = torch.randn(n)
-
-    loss, stats = grpo_loss(logprobs, old, advantages, mask, eps_low, eps_high)
-    (grad,) = torch.autograd.grad(loss, logprobs)
-    reference_logprobs = logprobs.detach().double().requires_grad_(True)
-    expected, low, high, tokens = naive_grpo_loss(reference_logprobs, old.double(), advantages.double(), mask,
-                                                  eps_low, eps_high)
-    (expected_grad,) = torch.autograd.grad(expected, reference_logprobs)
-
-    assert low > 0 and high > 0, "eps should make both clipping sides fire"
-    close(loss, expected.float())
-    close(grad, expected_grad.float())
+    lengths = [6, 1, 0, 4, 2, 6, 3, 5, 1, 2]
+    stats, low, high, tokens = compare_with_naive(grpo_loss, naive_grpo_loss, 2, lengths, 0.3, (0.2, 0.27))
     close(stats["clip_frac_low"], low / tokens)
     close(stats["clip_frac_high"], high / tokens)
     close(stats["num_empty"], 1.0)
-
-
-@pytest.mark.parametrize(("eps_low", "eps_high", "message"), [(0.0, 0.2, "eps_low"), (0.2, 1.5, "eps_high")])
-def test_clip_range_is_validated(eps_low: float, eps_high: float, message: str) -> None:
-    logprobs, old, mask = make_batch([[0.1]], length=2)
-    with pytest.raises(ValueError, match=rf"{message} must satisfy 0 < {message} < 1, got {message}="):
-        grpo_loss(logprobs, old, torch.tensor([1.0]), mask, eps_low, eps_high)
-
-
-def test_shapes_are_validated() -> None:
-    logprobs, old, mask = make_batch([[0.1], [0.2]], length=2)
-    with pytest.raises(ValueError, match=r"old_logprobs must have the shape of logprobs"):
-        grpo_loss(logprobs, old[:1], torch.tensor([1.0, 1.0]), mask, 0.2, 0.2)
-    with pytest.raises(ValueError, match=r"advantages must be \[N\]"):
-        grpo_loss(logprobs, old, torch.tensor([[1.0, 1.0]]), mask, 0.2, 0.2)

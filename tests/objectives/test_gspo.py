@@ -7,16 +7,7 @@ import torch
 from torch import Tensor
 
 from gspo_lightning.objectives import gspo_loss, sequence_log_ratio
-
-OLD_LOGPROB = -2.0  # old log-probability of every response token; only differences matter
-
-
-def make_batch(log_ratios: list[list[float]], length: int) -> tuple[Tensor, Tensor, Tensor]:
-    """logprobs (leaf, requires grad), old_logprobs and mask for responses with the given per-token log-ratios."""
-    delta = torch.tensor([ratios + [0.0] * (length - len(ratios)) for ratios in log_ratios])  # [N, T]
-    mask = (torch.arange(length)[None, :] < torch.tensor([len(r) for r in log_ratios])[:, None]).float()  # [N, T]
-    old = OLD_LOGPROB * mask  # [N, T]
-    return (old + delta).requires_grad_(True), old, mask
+from tests.objectives.helpers import close, compare_with_naive, make_batch
 
 
 def loss_and_grad(
@@ -25,10 +16,6 @@ def loss_and_grad(
     loss, stats = gspo_loss(logprobs, old, torch.tensor(advantages), mask, eps_low=0.2, eps_high=0.2)
     (grad,) = torch.autograd.grad(loss, logprobs)
     return loss, stats, grad
-
-
-def close(actual: Tensor, expected: float | Tensor) -> None:
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=1e-6, rtol=0)
 
 
 def close_stats(stats: dict[str, Tensor], **expected: float) -> None:
@@ -176,43 +163,6 @@ def naive_gspo_loss(logprobs: Tensor, old: Tensor, advantages: Tensor, mask: Ten
 
 
 def test_matches_naive_transcription_of_eqs_5_and_7() -> None:
-    torch.manual_seed(1)
-    n, length, eps_low, eps_high = 12, 7, 0.01, 0.012
-    lengths = torch.tensor([7, 1, 3, 0, 5, 2, 7, 4, 6, 1, 3, 5])
-    mask = torch.arange(length)[None, :] < lengths[:, None]  # [12, 7] bool
-    old = torch.randn(n, length) - 2.0
-    logprobs = torch.where(mask, old + 0.05 * torch.randn(n, length), torch.randn(n, length) * 1e3)
-    logprobs.requires_grad_(True)
-    advantages = torch.randn(n)
-
-    loss, stats = gspo_loss(logprobs, old, advantages, mask, eps_low, eps_high)
-    (grad,) = torch.autograd.grad(loss, logprobs)
-    reference_logprobs = logprobs.detach().double().requires_grad_(True)
-    expected, low, high, tokens = naive_gspo_loss(reference_logprobs, old.double(), advantages.double(), mask,
-                                                  eps_low, eps_high)
-    (expected_grad,) = torch.autograd.grad(expected, reference_logprobs)
-
-    assert low > 0 and high > 0, "eps should make both clipping sides fire"
-    close(loss, expected.float())
-    close(grad, expected_grad.float())
+    lengths = [7, 1, 3, 0, 5, 2, 7, 4, 6, 1, 3, 5]
+    stats, low, high, tokens = compare_with_naive(gspo_loss, naive_gspo_loss, 1, lengths, 0.05, (0.01, 0.012))
     close_stats(stats, clip_frac_low=low / tokens, clip_frac_high=high / tokens, num_empty=1.0)
-
-
-@pytest.mark.parametrize(
-    ("eps_low", "eps_high", "message"),
-    [(0.0, 0.2, "eps_low"), (-0.1, 0.2, "eps_low"), (0.2, 1.0, "eps_high"), (0.2, float("nan"), "eps_high")],
-)
-def test_clip_range_is_validated(eps_low: float, eps_high: float, message: str) -> None:
-    logprobs, old, mask = make_batch([[0.1]], length=2)
-    with pytest.raises(ValueError, match=rf"{message} must satisfy 0 < {message} < 1, got {message}="):
-        gspo_loss(logprobs, old, torch.tensor([1.0]), mask, eps_low, eps_high)
-
-
-def test_shapes_are_validated() -> None:
-    logprobs, old, mask = make_batch([[0.1], [0.2]], length=2)
-    with pytest.raises(ValueError, match=r"advantages must be \[N\]"):
-        gspo_loss(logprobs, old, torch.tensor([1.0]), mask, 0.2, 0.2)
-    with pytest.raises(ValueError, match=r"mask must have the shape of logprobs"):
-        gspo_loss(logprobs, old, torch.tensor([1.0, 1.0]), mask[:, :1], 0.2, 0.2)
-    with pytest.raises(ValueError, match=r"logprobs must be \[N, T\]"):
-        gspo_loss(logprobs[0], old[0], torch.tensor([1.0]), mask[0], 0.2, 0.2)
