@@ -1,0 +1,18 @@
+"""Policy models and tokenizers: loaders chosen in YAML, a character tokenizer, the supervised warm start."""
+
+from __future__ import annotations
+
+from gspo_lightning.models.char_tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+from gspo_lightning.models.loaders import PolicyLoader, Pretrained, TinyQwen3, prepare_tokenizer
+from gspo_lightning.models.warm_start import WARM_START_VERSION, WarmStartedTinyQwen3
+
+__all__ = [
+    "DEFAULT_ALPHABET",
+    "WARM_START_VERSION",
+    "PolicyLoader",
+    "Pretrained",
+    "TinyQwen3",
+    "WarmStartedTinyQwen3",
+    "build_char_tokenizer",
+    "prepare_tokenizer",
+]

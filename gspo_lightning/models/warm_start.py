@@ -1,0 +1,319 @@
+"""Supervised warm start of the tiny policy, so RL starts from a model that already succeeds sometimes.
+
+A randomly initialised model never answers correctly, so every GSPO group would get the same reward and no
+learning signal. ``WarmStartedTinyQwen3`` first trains the tiny model on train-side arithmetic problems until
+its greedy exact-match accuracy reaches ``target_accuracy`` (low enough to leave RL something to improve),
+and caches the result on disk, keyed by a hash of every setting, so later runs and other ranks reuse it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+from filelock import FileLock
+from torch import Tensor
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from gspo_lightning.data.arithmetic import arithmetic_problems
+from gspo_lightning.models.loaders import PolicyLoader, TinyQwen3
+
+WARM_START_VERSION = 1
+"""Bump when the training recipe changes, so caches of the old recipe are no longer used."""
+
+REPORT_FILE = "warm_start.json"
+CACHE_ENV_VAR = "GSPO_LIGHTNING_CACHE"
+_EVAL_SEED_OFFSET = 1_000_003  # evaluation problems come from a different stream than the training ones
+_EVAL_CHUNK = 256  # problems per generate call during evaluation
+_IGNORE_INDEX = -100  # label of tokens that carry no loss (prompt, padding)
+# what determines the trained weights besides the base model; hashed into the cache key
+_TRAINING_SETTINGS = (
+    "num_digits operations prompt_template max_steps batch_size lr target_accuracy eval_every eval_size seed".split()
+)
+
+logger = logging.getLogger("gspo_lightning")
+
+
+class WarmStartedTinyQwen3(PolicyLoader):
+    """``TinyQwen3`` trained with supervised next-token loss on arithmetic until it is partly right."""
+
+    def __init__(
+        self,
+        base: TinyQwen3 | None = None,
+        num_digits: int = 3,
+        operations: str = "+",
+        prompt_template: str = "{question}=",
+        max_steps: int = 2000,
+        batch_size: int = 64,
+        lr: float = 1e-3,
+        target_accuracy: float = 0.3,
+        eval_every: int = 20,
+        eval_size: int = 256,
+        seed: int = 0,
+        cache_dir: str | None = None,
+    ) -> None:
+        """Configure the model and its warm start.
+
+        Args:
+            base: the untrained model (shape, tokenizer alphabet, init seed); ``TinyQwen3()`` when omitted.
+            num_digits: digits of each operand, as in the RL task.
+            operations: arithmetic operations to train on, a string of ``+-*``.
+            prompt_template: prompt format with a ``{question}`` field; must match the RL prompts.
+            max_steps: most optimizer steps, if ``target_accuracy`` is not reached before.
+            batch_size: problems per optimizer step.
+            lr: peak AdamW learning rate (after a short linear warmup).
+            target_accuracy: stop as soon as greedy exact-match accuracy on train-side problems reaches this.
+            eval_every: measure accuracy every this many steps.
+            eval_size: problems per accuracy measurement.
+            seed: seed of the training data order and of torch's RNG during training.
+            cache_dir: cache root; defaults to ``$GSPO_LIGHTNING_CACHE``, else ``~/.cache/gspo_lightning``.
+        """
+        counts = {"max_steps": max_steps, "batch_size": batch_size, "eval_every": eval_every, "eval_size": eval_size}
+        for name, value in counts.items():
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not 0.0 <= target_accuracy <= 1.0:
+            raise ValueError(f"target_accuracy must be in [0, 1], got {target_accuracy}")
+        if lr <= 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        self.base = base if base is not None else TinyQwen3()
+        self.num_digits = num_digits
+        self.operations = operations
+        self.prompt_template = prompt_template
+        self.max_steps = max_steps
+        self.batch_size = batch_size
+        self.lr = lr
+        self.target_accuracy = target_accuracy
+        self.eval_every = eval_every
+        self.eval_size = eval_size
+        self.seed = seed
+        self.cache_dir = cache_dir
+        self._check_fits_context()
+
+    def _check_fits_context(self) -> None:
+        """Fail at configuration time, not after training starts, if a sample cannot fit the model."""
+        next(arithmetic_problems(1, self.num_digits, self.operations))  # validates digits and operations
+        widest = "9" * self.num_digits
+        prompt = self.prompt_template.format(question=f"{widest}{self.operations[0]}{widest}")
+        # a sum has a carry digit, a difference a sign, a product twice the digits; then eos
+        answer = max(
+            {"+": self.num_digits + 1, "-": self.num_digits + 1, "*": 2 * self.num_digits}[op] for op in self.operations
+        )
+        longest = len(prompt) + answer + 1
+        if longest > self.base.max_position_embeddings:
+            raise ValueError(
+                f"samples of up to {longest} tokens do not fit base.max_position_embeddings="
+                f"{self.base.max_position_embeddings}"
+            )
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that determines the trained weights: the cache key is a hash of it."""
+        named = {name: getattr(self, name) for name in _TRAINING_SETTINGS}
+        return {"version": WARM_START_VERSION, "base": self.base.settings(), **named}
+
+    def cache_path(self) -> Path:
+        """Directory of this configuration's cached model: ``<root>/warm_start/<hash>``."""
+        return cache_root(self.cache_dir) / "warm_start" / settings_hash(self.settings())
+
+    def load_tokenizer(self) -> PreTrainedTokenizerBase:
+        """The base model's character tokenizer."""
+        return self.base.load_tokenizer()
+
+    def load_model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+        """The warm-started model from the cache, trained and cached first if this is the first use."""
+        path = self.cache_path()
+        ensure_cached(self, path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        if model.config.vocab_size != len(tokenizer):
+            raise ValueError(
+                f"cached warm start at {path} has vocab_size {model.config.vocab_size}, "
+                f"but the tokenizer has {len(tokenizer)} tokens; use this loader's load_tokenizer()"
+            )
+        return model
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    """Root of gspo_lightning's caches: ``cache_dir``, else ``$GSPO_LIGHTNING_CACHE``, else ``~/.cache``."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    if os.environ.get(CACHE_ENV_VAR):
+        return Path(os.environ[CACHE_ENV_VAR]).expanduser()
+    return Path.home() / ".cache" / "gspo_lightning"
+
+
+def settings_hash(settings: dict[str, Any]) -> str:
+    """A short, stable hash of JSON-serialisable settings."""
+    canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def ensure_cached(loader: WarmStartedTinyQwen3, path: Path) -> None:
+    """Train and save the warm start at ``path`` unless it is already there.
+
+    The file lock makes concurrent processes (DDP ranks started together) wait for the first one to finish
+    instead of each training its own copy.
+    """
+    if (path / REPORT_FILE).is_file():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if (path / REPORT_FILE).is_file():  # another process finished while we waited
+            return
+        logger.info("warm start: no cache at %s, training", path)
+        tokenizer = loader.load_tokenizer()
+        model, report = train_warm_start(loader, tokenizer)
+        _save_atomically(model, tokenizer, report, path)
+
+
+def _save_atomically(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, report: dict[str, Any], path: Path
+) -> None:
+    """Write model, tokenizer and report to a temp directory, then rename it into place.
+
+    A reader never sees a half-written cache, even if this process is killed while saving. The tokenizer is
+    saved too, so the directory also loads with ``Pretrained(name_or_path=...)``.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def train_warm_start(
+    loader: WarmStartedTinyQwen3, tokenizer: PreTrainedTokenizerBase
+) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """Train ``loader.base``'s model until it reaches the target accuracy; return it and a report."""
+    start = time.monotonic()
+    # fork_rng: a deterministic run that leaves the caller's random stream where it was
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(loader.seed)
+        model = loader.base.load_model(tokenizer)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=loader.lr, weight_decay=0.0)
+        warmup = max(1, min(100, loader.max_steps // 10))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        task = {"num_digits": loader.num_digits, "operations": loader.operations}
+        train_stream = arithmetic_problems(loader.max_steps * loader.batch_size, **task, seed=loader.seed)
+        eval_problems = list(arithmetic_problems(loader.eval_size, **task, seed=loader.seed + _EVAL_SEED_OFFSET))
+        losses: list[float] = []
+        history: list[dict[str, float]] = []
+        for step in range(1, loader.max_steps + 1):
+            batch = training_batch(tokenizer, list(islice(train_stream, loader.batch_size)), loader.prompt_template)
+            losses.append(_optimizer_step(model, optimizer, schedule, batch))
+            if step % loader.eval_every and step < loader.max_steps:
+                continue
+            accuracy = evaluate_accuracy(model, tokenizer, eval_problems, loader.prompt_template)
+            recent = losses[-loader.eval_every :]
+            seconds = round(time.monotonic() - start, 2)
+            history.append({"step": step, "loss": sum(recent) / len(recent), "accuracy": accuracy, "seconds": seconds})
+            logger.info(
+                "warm start step %(step)d: loss %(loss).4f, accuracy %(accuracy).3f (%(seconds).1f s)", history[-1]
+            )
+            if accuracy >= loader.target_accuracy:
+                break
+    return model, _report(loader, history, losses, time.monotonic() - start)
+
+
+def _report(
+    loader: WarmStartedTinyQwen3, history: list[dict[str, float]], losses: list[float], seconds: float
+) -> dict[str, Any]:
+    """The ``warm_start.json`` content: what was trained, how long it took and what it reached."""
+    accuracy = history[-1]["accuracy"]
+    reached = accuracy >= loader.target_accuracy
+    if not reached:
+        logger.warning(
+            "warm start stopped at max_steps with accuracy %.3f < target %.3f", accuracy, loader.target_accuracy
+        )
+    return {
+        "settings": loader.settings(),
+        "cache_key": settings_hash(loader.settings()),
+        "steps": len(losses),
+        "accuracy": accuracy,
+        "reached_target": reached,
+        "seconds": round(seconds, 2),
+        "first_loss": losses[0],
+        "history": history,
+    }
+
+
+def _optimizer_step(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    batch: dict[str, Tensor],
+) -> float:
+    """One supervised step; returns the loss. Clipping guards against loss spikes."""
+    loss = model(**batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def training_batch(
+    tokenizer: PreTrainedTokenizerBase, problems: list[dict[str, str]], prompt_template: str
+) -> dict[str, Tensor]:
+    """Tokenise ``prompt + answer + eos`` rows, right padded, with loss only on answer and eos tokens.
+
+    Right padding keeps every row's positions starting at 0, the positions ``generate`` gives a left-padded
+    prompt (it derives them from the attention mask).
+    """
+    rows, label_rows = [], []
+    for problem in problems:
+        prompt = tokenizer.encode(prompt_template.format(question=problem["question"]), add_special_tokens=False)
+        target = tokenizer.encode(problem["answer"], add_special_tokens=False) + [tokenizer.eos_token_id]
+        rows.append(prompt + target)
+        label_rows.append([_IGNORE_INDEX] * len(prompt) + target)
+    width = max(len(row) for row in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows])
+    labels = torch.tensor([row + [_IGNORE_INDEX] * (width - len(row)) for row in label_rows])
+    attention_mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+@torch.no_grad()
+def evaluate_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[dict[str, str]],
+    prompt_template: str,
+) -> float:
+    """Greedy exact-match accuracy: the completion up to its first eos must equal the answer."""
+    was_training = model.training
+    model.eval()
+    max_new_tokens = max(len(tokenizer.encode(p["answer"], add_special_tokens=False)) for p in problems) + 1
+    correct = 0
+    for begin in range(0, len(problems), _EVAL_CHUNK):
+        chunk = problems[begin : begin + _EVAL_CHUNK]
+        prompts = [prompt_template.format(question=p["question"]) for p in chunk]
+        inputs = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        output = model.generate(
+            **inputs,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        for problem, completion in zip(chunk, output[:, inputs["input_ids"].shape[1] :].tolist(), strict=True):
+            if tokenizer.eos_token_id in completion:
+                completion = completion[: completion.index(tokenizer.eos_token_id)]
+            correct += tokenizer.decode(completion) == problem["answer"]
+    model.train(was_training)
+    return correct / len(problems)
