@@ -1,30 +1,42 @@
-"""Group-normalised advantages (GSPO paper Eq. 6, the same as GRPO's)."""
+"""Group-normalised advantages (GSPO paper Eq. 6, the same as GRPO's) and the batch-std / no-std variants."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Literal
+
 import torch
 from torch import Tensor
+
+AdvantageScale = Literal["group", "batch", "none"]
+ADVANTAGE_SCALES: tuple[str, ...] = ("group", "batch", "none")
 
 # A group's std at or below this fraction of its largest |reward| is rounding noise around equal rewards
 # (float32 means of equal values such as 0.1 are not always exact), not a real spread.
 ZERO_STD_RELATIVE_TOLERANCE = 1e-6
 
 
-def group_advantages(rewards: Tensor, group_size: int) -> Tensor:
-    """``A_i = (r_i - mean_group(r)) / std_group(r)`` for every response (Eq. 6).
+def group_advantages(rewards: Tensor, group_size: int, scale: AdvantageScale = "group") -> Tensor:
+    """``A_i = (r_i - mean_group(r)) / scale`` for every response (Eq. 6 with the default ``scale="group"``).
 
     Args:
         rewards: [N] rewards, ``N = P * group_size``, groups contiguous (row ``i`` belongs to group
             ``i // group_size``).
         group_size: G, the number of responses sampled per prompt (>= 2).
+        scale: what the group-centred rewards are divided by:
+            ``"group"``: the group's std (Eq. 6, GRPO and GSPO);
+            ``"batch"``: the std of all N rewards (group mean, batch std; more robust when a group's std is
+            tiny); all N rewards equal gives advantages 0;
+            ``"none"``: nothing, only the group mean is subtracted (Dr. GRPO, Liu et al., 2025, arXiv
+            2503.20783, which argues the std division biases towards too easy and too hard prompts).
 
     Returns:
         [N] float32 advantages, computed in float32 whatever the input dtype.
 
-    The std is ``torch.std`` with Bessel's correction (unbiased, divide by G - 1), as TRL and verl do. A group
-    whose rewards are all equal (std 0, or below ``ZERO_STD_RELATIVE_TOLERANCE`` times its largest |reward|)
-    carries no learning signal: its advantages are exactly 0, never NaN. No epsilon is added to the std, so
-    every other group's advantages are exact.
+    Every std is ``torch.std`` with Bessel's correction (unbiased, divide by count - 1), as TRL and verl do. A
+    group whose rewards are all equal (std 0, or below ``ZERO_STD_RELATIVE_TOLERANCE`` times its largest
+    |reward|) carries no learning signal: its advantages are exactly 0, never NaN, whatever the scale. No
+    epsilon is added to a std, so every other advantage is exact.
     """
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 to normalise within a group, got group_size={group_size}")
@@ -34,12 +46,36 @@ def group_advantages(rewards: Tensor, group_size: int) -> Tensor:
         raise ValueError(
             f"the number of rewards N={rewards.numel()} is not a multiple of group_size={group_size}"
         )
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"scale must be one of {', '.join(ADVANTAGE_SCALES)}, got scale={scale!r}")
     grouped = rewards.detach().float().reshape(-1, group_size)  # [P, G]
-    mean = grouped.mean(dim=1, keepdim=True)  # [P, 1]
-    std = grouped.std(dim=1, unbiased=True, keepdim=True)  # [P, 1]
-    scale = grouped.abs().amax(dim=1, keepdim=True)  # [P, 1]
-    zero_variance = std <= ZERO_STD_RELATIVE_TOLERANCE * scale  # [P, 1]
-    # Dividing by 1 in degenerate groups keeps NaN out even of the branch that `where` discards.
-    safe_std = torch.where(zero_variance, torch.ones_like(std), std)  # [P, 1]
-    advantages = torch.where(zero_variance, torch.zeros_like(grouped), (grouped - mean) / safe_std)  # [P, G]
+    if grouped.numel() == 0:
+        return grouped.reshape(-1)  # [0]
+    centred = grouped - grouped.mean(dim=1, keepdim=True)  # [P, G]
+    _, zero_variance = spread(grouped)  # [P, 1]
+    denominator, zero_denominator = _DENOMINATORS[scale](grouped)  # [P, 1] or [1, 1] each
+    no_signal = zero_variance | zero_denominator  # [P, 1]
+    # Dividing by 1 where there is no signal keeps NaN out even of the branch that `where` discards.
+    safe_denominator = torch.where(zero_denominator, torch.ones_like(denominator), denominator)  # [P|1, 1]
+    advantages = torch.where(no_signal, torch.zeros_like(grouped), centred / safe_denominator)  # [P, G]
     return advantages.reshape(-1)  # [N]
+
+
+def spread(values: Tensor) -> tuple[Tensor, Tensor]:
+    """Bessel-corrected std along the last dim (keepdim) and whether it is only rounding noise (counts as 0)."""
+    std = values.std(dim=-1, unbiased=True, keepdim=True)  # [..., 1]
+    largest = values.abs().amax(dim=-1, keepdim=True)  # [..., 1]
+    return std, std <= ZERO_STD_RELATIVE_TOLERANCE * largest  # [..., 1] each
+
+
+def _no_scale(grouped: Tensor) -> tuple[Tensor, Tensor]:
+    """Denominator 1, never zero (Dr. GRPO)."""
+    one = torch.ones((1, 1), dtype=grouped.dtype, device=grouped.device)  # [1, 1]
+    return one, torch.zeros((1, 1), dtype=torch.bool, device=grouped.device)  # [1, 1] each
+
+
+_DENOMINATORS: dict[str, Callable[[Tensor], tuple[Tensor, Tensor]]] = {
+    "group": spread,  # [P, G] -> [P, 1]
+    "batch": lambda grouped: spread(grouped.reshape(1, -1)),  # [P, G] -> [1, 1]
+    "none": _no_scale,
+}

@@ -6,8 +6,14 @@ the ratio is (one per response for GSPO, one per token for GRPO). Everything her
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
+
+# Above this log-ratio, exp is continued along its tangent (see `exp_with_linear_tail`). e^20 = 4.85e8 lies far
+# outside any clip range, yet its square (as in a gradient norm) is still finite in float32.
+MAX_EXP_LOG_RATIO = 20.0
 
 
 def validate_clip_range(eps_low: float, eps_high: float) -> None:
@@ -17,8 +23,13 @@ def validate_clip_range(eps_low: float, eps_high: float) -> None:
             raise ValueError(f"{name} must satisfy 0 < {name} < 1, got {name}={value!r}")
 
 
-def validate_shapes(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> None:
-    """Raise ValueError unless logprobs, old_logprobs and mask are [N, T] and advantages is [N]."""
+def validate_shapes(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, per_token_advantages: bool = False
+) -> None:
+    """Raise ValueError unless logprobs, old_logprobs and mask are [N, T] and advantages is [N].
+
+    With ``per_token_advantages`` advantages may also be [N, T] (GSPO-token, Eqs. 13-17).
+    """
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [N, T], got shape {tuple(logprobs.shape)}")
     for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask)):
@@ -26,11 +37,13 @@ def validate_shapes(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
             raise ValueError(
                 f"{name} must have the shape of logprobs {tuple(logprobs.shape)}, got {tuple(tensor.shape)}"
             )
-    if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(
-            f"advantages must be [N] = {tuple(logprobs.shape[:1])} (one per response), "
-            f"got {tuple(advantages.shape)}"
-        )
+    if advantages.shape == logprobs.shape[:1] or (per_token_advantages and advantages.shape == logprobs.shape):
+        return
+    per_token = f" or [N, T] = {tuple(logprobs.shape)} (one per token)" if per_token_advantages else ""
+    raise ValueError(
+        f"advantages must be [N] = {tuple(logprobs.shape[:1])} (one per response){per_token}, "
+        f"got {tuple(advantages.shape)}"
+    )
 
 
 def token_log_ratio(logprobs: Tensor, old_logprobs: Tensor, token_mask: Tensor) -> Tensor:
@@ -42,6 +55,36 @@ def token_log_ratio(logprobs: Tensor, old_logprobs: Tensor, token_mask: Tensor) 
     """
     difference = logprobs.float() - old_logprobs.detach().float()  # [N, T]
     return torch.where(token_mask, difference, torch.zeros_like(difference))  # [N, T]
+
+
+def exp_with_linear_tail(log_ratio: Tensor) -> Tensor:
+    """``exp(x)`` for ``x <= MAX_EXP_LOG_RATIO`` (20), its tangent ``e^20 * (1 + x - 20)`` above it.
+
+    Turns a log-ratio into a ratio with a finite value and gradient for any finite log-ratio. ``exp`` alone
+    overflows float32 above 88.7 (a log-ratio of 1e4 on one token of a short response), and its backward
+    ``grad * exp(x)`` then makes even a zero gradient ``0 * inf = NaN``.
+
+    A plain clamp of the log-ratio is not used because above the cap the clipped objectives (Eqs. 2, 5, 13)
+    behave according to the sign of A:
+
+    - A > 0: ratio > 1 + eps_high, the min picks the constant clipped branch: value (1 + eps_high) A and zero
+      gradient, whatever the ratio. The tail changes nothing here.
+    - A = 0: value 0 and gradient 0 either way.
+    - A < 0: the min keeps the unclipped ``ratio * A``; its gradient is real (it pushes down the likelihood of
+      the response that moved most in the wrong direction) and a clamp would silently drop it. The tangent
+      keeps its sign and direction with its size capped at ``e^20 |A|`` per unit of log-ratio, and the loss
+      still grows with the log-ratio. (The exact ``e^x |A|`` overflows float32 above x = 88.7, and its square
+      in a gradient norm already above x = 44; under gradient-norm clipping the direction is what counts.)
+
+    At or below the cap the value and gradient are bitwise those of ``torch.exp``. Nothing is done on the low
+    side: exp underflows to 0 with a zero gradient, exact to float32. The branches are selected with
+    ``torch.where`` (not ``exp(clamp(x)) + e^20 * (x - clamp(x))``): the gradients of e^20-sized terms that
+    cancel would wipe out the precision of ordinary ratios. Inputs must be finite on response tokens.
+    """
+    above = log_ratio > MAX_EXP_LOG_RATIO  # log_ratio's shape
+    capped = torch.where(above, torch.full_like(log_ratio, MAX_EXP_LOG_RATIO), log_ratio)  # log_ratio's shape
+    tangent = math.exp(MAX_EXP_LOG_RATIO) * (1.0 + (log_ratio - MAX_EXP_LOG_RATIO))  # log_ratio's shape
+    return torch.where(above, tangent, capped.exp())  # log_ratio's shape
 
 
 def clipped_surrogate(

@@ -7,6 +7,7 @@ from torch import Tensor
 from gspo_lightning.objectives.clipping import (
     clip_fraction_stats,
     clipped_surrogate,
+    exp_with_linear_tail,
     mean_over_valid,
     ratio_stats,
     token_log_ratio,
@@ -52,7 +53,8 @@ def gspo_loss(
     weighs ``1 / N_valid`` whatever its length: a token mean would re-weight responses by length and is not
     GSPO. Responses with no tokens are left out of the mean; if none has tokens the loss is a zero still
     attached to ``logprobs`` (its backward gives zero gradients). ``old_logprobs`` and ``advantages`` are
-    constants of the objective (detached).
+    constants of the objective (detached). ``s_i = exp(log s_i)`` is exact up to ``log s_i = 20``; beyond it
+    ``exp_with_linear_tail`` keeps value and gradient finite without dropping the real gradient of A < 0.
 
     Args:
         logprobs, old_logprobs, mask: [N, T] (see ``sequence_log_ratio``).
@@ -70,7 +72,7 @@ def gspo_loss(
     lengths = (mask != 0).sum(dim=1).float()  # [N]
     valid = lengths > 0  # [N]
     log_ratio = sequence_log_ratio(logprobs, old_logprobs, mask)  # [N]
-    ratio = log_ratio.exp()  # [N]
+    ratio = exp_with_linear_tail(log_ratio)  # [N], exact exp up to log s = 20, finite beyond
     objective, clipped_low, clipped_high = clipped_surrogate(
         ratio, advantages.detach().float(), eps_low, eps_high
     )  # [N] each

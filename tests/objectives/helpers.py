@@ -22,21 +22,39 @@ def close(actual: Tensor, expected: float | Tensor) -> None:
     torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=1e-6, rtol=0)
 
 
-def compare_with_naive(
-    loss_fn: Callable, naive_fn: Callable, seed: int, lengths: list[int], noise: float, eps: tuple[float, float]
-) -> tuple[dict[str, Tensor], int, int, int]:
-    """Random padded batch (huge values on padding); loss and gradient must equal the naive loop version's.
+def random_batch(
+    seed: int, lengths: list[int], noise: float, per_token_advantages: bool = False
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """logprobs (leaf), old_logprobs, advantages ([N], or [N, T] holding NaN on padding) and a bool mask.
 
-    Returns the objective's stats and the naive (clipped_low, clipped_high, total) token counts.
+    Response tokens get ``logprobs = old + noise * randn``; padding holds huge values (|x| ~ 1e3).
     """
     torch.manual_seed(seed)
     n, length = len(lengths), max(lengths)
     mask = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]  # [N, T] bool
     old = torch.randn(n, length) - 2.0  # [N, T]
     logprobs = torch.where(mask, old + noise * torch.randn(n, length), torch.randn(n, length) * 1e3)  # [N, T]
-    logprobs.requires_grad_(True)
-    advantages = torch.randn(n)  # [N]
+    if per_token_advantages:
+        advantages = torch.where(mask, torch.randn(n, length), torch.full((n, length), float("nan")))  # [N, T]
+    else:
+        advantages = torch.randn(n)  # [N]
+    return logprobs.requires_grad_(True), old, advantages, mask
 
+
+def compare_with_naive(
+    loss_fn: Callable,
+    naive_fn: Callable,
+    seed: int,
+    lengths: list[int],
+    noise: float,
+    eps: tuple[float, float],
+    per_token_advantages: bool = False,
+) -> tuple[dict[str, Tensor], int, int, int]:
+    """Random padded batch (huge values on padding); loss and gradient must equal the naive loop version's.
+
+    Returns the objective's stats and the naive (clipped_low, clipped_high, total) token counts.
+    """
+    logprobs, old, advantages, mask = random_batch(seed, lengths, noise, per_token_advantages)
     loss, stats = loss_fn(logprobs, old, advantages, mask, *eps)
     (grad,) = torch.autograd.grad(loss, logprobs)
     reference = logprobs.detach().double().requires_grad_(True)
@@ -47,3 +65,10 @@ def compare_with_naive(
     close(loss, expected.float())
     close(grad, expected_grad.float())
     return stats, low, high, tokens
+
+
+def naive_clip_term(ratio: Tensor, advantage: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, int, int]:
+    """``min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`` with Python's min/max, and which side clips."""
+    clipped_ratio = max(1 - eps_low, min(ratio, 1 + eps_high))
+    term = min(ratio * advantage, clipped_ratio * advantage)
+    return term, int(bool(advantage < 0 and ratio < 1 - eps_low)), int(bool(advantage > 0 and ratio > 1 + eps_high))

@@ -69,3 +69,47 @@ def test_rewards_not_a_multiple_of_group_size_is_rejected() -> None:
 def test_rewards_must_be_one_dimensional() -> None:
     with pytest.raises(ValueError, match=r"rewards must be \[N\]"):
         group_advantages(torch.zeros(2, 4), group_size=4)
+
+
+def test_batch_scale_divides_group_centred_rewards_by_the_std_of_all_rewards() -> None:
+    # Groups [1, 2] and [3, 6]: centred [-0.5, 0.5] and [-1.5, 1.5]. All four rewards: mean 3, squared deviations
+    # 4 + 1 + 0 + 9 = 14, Bessel-corrected std sqrt(14 / 3) = 2.1602.
+    std = math.sqrt(14 / 3)
+    advantages = group_advantages(torch.tensor([1.0, 2.0, 3.0, 6.0]), group_size=2, scale="batch")
+    torch.testing.assert_close(advantages, torch.tensor([-0.5, 0.5, -1.5, 1.5]) / std, atol=1e-6, rtol=0)
+    # [0, 1] and [1, 1]: batch mean 0.75, squared deviations 0.5625 + 3 * 0.0625 = 0.75, std sqrt(0.75 / 3) = 0.5;
+    # the zero-variance group stays exactly 0.
+    advantages = group_advantages(torch.tensor([0.0, 1.0, 1.0, 1.0]), group_size=2, scale="batch")
+    assert torch.equal(advantages, torch.tensor([-1.0, 1.0, 0.0, 0.0]))
+
+
+def test_none_scale_only_subtracts_the_group_mean() -> None:
+    advantages = group_advantages(torch.tensor([1.0, 2.0, 3.0, 6.0, 0.5, 0.5]), group_size=2, scale="none")
+    torch.testing.assert_close(advantages, torch.tensor([-0.5, 0.5, -1.5, 1.5, 0.0, 0.0]), atol=1e-6, rtol=0)
+    advantages = group_advantages(torch.tensor([0.0, 0.0, 1.0, 3.0]), group_size=4, scale="none")
+    torch.testing.assert_close(advantages, torch.tensor([-1.0, -1.0, 0.0, 2.0]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_zero_variance_gives_exact_zero_for_every_scale(scale: str) -> None:
+    for value in (0.0, 1.0, 0.1, -3.7):
+        advantages = group_advantages(torch.full((6,), value), group_size=3, scale=scale)
+        assert torch.equal(advantages, torch.zeros(6))
+    # A degenerate group next to a real one is exactly 0 too (0.1's group mean is not exact in float32).
+    advantages = group_advantages(torch.tensor([0.1, 0.1, 0.1, 0.0, 1.0, 0.0]), group_size=3, scale=scale)
+    assert torch.equal(advantages[:3], torch.zeros(3)) and (advantages[3:] != 0).all()
+
+
+def test_default_scale_is_the_group_std() -> None:
+    rewards = torch.tensor([0.1, 0.3, 0.2, 0.9, 2.0, 4.0, 2.0, 5.0])
+    assert torch.equal(group_advantages(rewards, 4), group_advantages(rewards, 4, scale="group"))
+
+
+def test_empty_rewards_give_empty_advantages() -> None:
+    for scale in ("group", "batch", "none"):
+        assert group_advantages(torch.zeros(0), group_size=4, scale=scale).shape == (0,)
+
+
+def test_unknown_scale_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"scale must be one of group, batch, none, got scale='global'"):
+        group_advantages(torch.zeros(4), group_size=2, scale="global")  # type: ignore[arg-type]
