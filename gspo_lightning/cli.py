@@ -64,6 +64,8 @@ def main(args: list[str] | None = None, run: bool = True) -> GSPOCLI:
         subclass_mode_data=True,
         parser_kwargs={"parser_mode": "omegaconf"},
         save_config_kwargs={"overwrite": True},
+        # A CSV logger unless the config names another: no account or extra package needed.
+        trainer_defaults={"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}},
         args=args,
         run=run,
     )

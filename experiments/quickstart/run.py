@@ -40,7 +40,7 @@ def run_seed(seed: int, workdir: Path) -> dict[str, object]:
     seconds = time.perf_counter() - started
     metrics = workdir / "runs/quickstart/version_0/metrics.csv"
     evaluations = [(int(r["step"]), float(r["eval/accuracy"])) for r in csv.DictReader(metrics.open()) if r["eval/accuracy"]]
-    (first_step, start), (last_step, end) = evaluations[0], evaluations[-1]
+    (_, start), (last_step, end) = evaluations[0], evaluations[-1]
     return {
         "seed": seed, "seconds": round(seconds, 1), "steps": last_step, "accuracy_step0": start,
         "accuracy_end": end, "gain_points": round(100 * (end - start), 1),

@@ -103,7 +103,7 @@ class PromptDataModule(LightningDataModule):
         Args:
             source: Where prompts come from, e.g. ``LoadDataset`` or ``ArithmeticTask``.
             prompt_template: Python format string over the data set's columns giving the prompt text,
-                e.g. ``"Compute {question}. Answer:"``. Columns it does not use are passed to the rewards.
+                e.g. ``"Compute {question}. Answer:"``. Every column is passed to the rewards.
             chat_template: Make each prompt a chat conversation (rendered by the tokenizer's chat template)
                 instead of a plain string.
             system_prompt: System message put before each chat prompt; requires ``chat_template: true``.
@@ -124,9 +124,9 @@ class PromptDataModule(LightningDataModule):
         }
         for setting, value in positive.items():
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{setting} must be a positive integer, got {value!r}")
+                raise ValueError(f"data.{setting} must be a positive integer, got {value!r}")
         if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+            raise ValueError(f"data.num_workers must be an integer >= 0, got {num_workers!r}")
         self.source = source
         self.formatter = PromptFormatter(prompt_template, chat=chat_template, system_prompt=system_prompt)
         self.prompts_per_rollout = prompts_per_rollout
@@ -167,10 +167,6 @@ class PromptDataModule(LightningDataModule):
             raise RuntimeError(f"{type(self).__name__}.setup() must run before its data is used")
         return self._splits[name]
 
-    def _passed_columns(self, dataset: datasets.Dataset) -> list[str]:
-        """The columns handed on in ``PromptBatch.columns``: all of them (a reward may need the question too)."""
-        return list(dataset.column_names)
-
     def _train_stream(self) -> PromptStream:
         train = self._split("train")
         return PromptStream(
@@ -181,7 +177,7 @@ class PromptDataModule(LightningDataModule):
             seed=self.seed,
             rank=self.rank,
             world_size=self.world_size,
-            columns=self._passed_columns(train),
+            columns=list(train.column_names),
         )
 
     def train_dataloader(self) -> PromptLoader:
@@ -210,7 +206,7 @@ class PromptDataModule(LightningDataModule):
         """
         evaluation = self._split("eval")
         indices = list(range(self.rank, len(evaluation), self.world_size))
-        columns = self._passed_columns(evaluation)
+        columns = list(evaluation.column_names)
         return self._heldout_batches(evaluation, indices, columns)
 
     def _heldout_batches(

@@ -54,6 +54,12 @@ class HeldOutEvaluation(Callback):
         self.history: list[tuple[int, float]] = []
         """(global step, accuracy) of every evaluation so far, resumed runs included."""
 
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not callable(getattr(trainer.datamodule, "heldout_dataloader", None)):
+            raise AttributeError(
+                "HeldOutEvaluation needs a data module with heldout_dataloader() (e.g. PromptDataModule)"
+            )
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.at_start and not self._evaluated_at(trainer.global_step):
             self.evaluate(trainer, pl_module)
