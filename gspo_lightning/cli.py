@@ -25,6 +25,7 @@ class GSPOCLI(LightningCLI):
         parser.link_arguments("sampler.temperature", "model.init_args.temperature")
         parser.link_arguments("sampler.num_minibatches", "data.init_args.minibatches_per_rollout")
         parser.link_arguments("sampler.max_new_tokens", "evaluation.max_new_tokens")
+        parser.link_arguments("sampler.max_new_tokens", "model.init_args.max_new_tokens")
 
     def before_fit(self) -> None:
         self._fit_started = time.perf_counter()

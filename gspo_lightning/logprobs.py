@@ -30,19 +30,23 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
     return chosen - torch.logsumexp(scaled, dim=-1)  # [n, R]
 
 
-def response_logprobs(
-    policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int, temperature: float = 1.0
-) -> Tensor:
-    """Log-probs of the last ``response_length`` tokens of ``input_ids`` under ``policy``.
+def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of softmax(logits / temperature) at each position, float32: [n, R, V] -> [n, R]."""
+    scaled = logits.float() / temperature  # [n, R, V]
+    log_probs = torch.log_softmax(scaled, dim=-1)  # [n, R, V]
+    return -(log_probs.exp() * log_probs).sum(-1)  # [n, R]
+
+
+def response_logits(policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor:
+    """The policy's logits predicting each of the last ``response_length`` tokens of ``input_ids``.
 
     Args:
         policy: a Hugging Face causal LM (anything that accepts ``logits_to_keep``).
         input_ids: [n, L] left-padded prompt followed by the response.
         attention_mask: [n, L].
         response_length: R, the number of trailing response columns.
-        temperature: the sampling temperature: log-probs are those of the distribution that was sampled.
     Returns:
-        [n, R] float32 log-probs; positions past EOS hold values the caller must mask.
+        [n, R, V] logits in the model's dtype.
     """
     # Logits at position j predict token j + 1: the R response tokens need the R positions before them.
     output = policy(
@@ -52,5 +56,16 @@ def response_logprobs(
         logits_to_keep=response_length + 1,
         use_cache=False,
     )
-    logits = output.logits[:, :-1]  # [n, R, V]
+    return output.logits[:, :-1]  # [n, R, V]
+
+
+def response_logprobs(
+    policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int, temperature: float = 1.0
+) -> Tensor:
+    """Log-probs [n, R] (float32) of the last ``response_length`` tokens of ``input_ids`` under ``policy``.
+
+    ``temperature`` is the sampling temperature: the log-probs are those of the distribution that was sampled.
+    Positions past EOS hold values the caller must mask.
+    """
+    logits = response_logits(policy, input_ids, attention_mask, response_length)  # [n, R, V]
     return token_logprobs(logits, input_ids[:, -response_length:], temperature)

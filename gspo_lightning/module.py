@@ -1,74 +1,87 @@
-"""GSPOModule: the policy, its tokenizer and the GSPO (or GRPO) objective in ``training_step``.
+"""GSPOModule: the policy, its tokenizer and the chosen objective in ``training_step``.
 
 One Lightning training step is one optimizer step on one minibatch of the current rollout batch; the sampler
 callback fills ``batch.minibatch`` before the step. No second copy of the weights is kept for pi_old: the old
-policy's per-token log-probs travel in the minibatch (see ``rollout/minibatches.py``).
+policy's per-token log-probs travel in the minibatch (see ``rollout/minibatches.py``). A frozen reference
+policy exists only when the objective has a KL penalty (``kl_coef > 0``).
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
-from collections.abc import Callable
-from typing import Literal
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from gspo_lightning.logprobs import response_logprobs
+from gspo_lightning.logprobs import response_logits, token_entropy, token_logprobs
 from gspo_lightning.models import PolicyLoader
-from gspo_lightning.objectives import grpo_loss, gspo_loss
-from gspo_lightning.rollout.types import PromptBatch
+from gspo_lightning.objectives import ObjectiveSpec, objective_loss, resolve_objective
+from gspo_lightning.rollout.types import Minibatch, PromptBatch
+from gspo_lightning.step_metrics import log_step_metrics
 from gspo_lightning.validation import require
 
-ObjectiveFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
-OBJECTIVES: dict[str, ObjectiveFn] = {"gspo": gspo_loss, "grpo": grpo_loss}
 # The policy stays in eval mode on purpose (see configure_model); Lightning's notice about it is noise here.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
-PAPER_CLIP_RANGES = {"gspo": (3e-4, 4e-4), "grpo": (0.2, 0.27)}
-"""(eps_low, eps_high) used in the paper's section 5.1 for each objective."""
+PAPER_CLIP_RANGES = {"sequence": (3e-4, 4e-4), "sequence_token": (3e-4, 4e-4), "token": (0.2, 0.27)}
+"""(eps_low, eps_high) of the paper's section 5.1, by ratio level: GSPO's sequence ratio, GRPO's token ratio."""
 
 
 class GSPOModule(pl.LightningModule):
-    """Trains a Hugging Face causal LM with GSPO (Eqs. 5, 7) or the GRPO baseline (Eq. 2).
+    """Trains a Hugging Face causal LM with GSPO (Eqs. 5, 7) or a relative (GSPO-token, GRPO, DAPO, Dr. GRPO).
 
     Args:
         policy: how to build the policy and its tokenizer (``Pretrained``, ``TinyQwen3``,
             ``WarmStartedTinyQwen3`` or your own ``PolicyLoader``).
-        objective: ``gspo`` (sequence-level ratio and clipping) or ``grpo`` (token-level).
+        objective: a preset name (``gspo``, ``gspo_token``, ``grpo``, ``dapo``, ``dr_grpo``) or a spec
+            ``{ratio, aggregation, kl_coef, kl_estimator, max_tokens}`` (see ``ObjectiveSpec``); specs that
+            would silently re-weight responses by length are rejected.
         eps_low: lower clipping range, ratio clipped at 1 - eps_low (default: the paper's value for the
-            objective: 3e-4 for gspo, 0.2 for grpo).
-        eps_high: upper clipping range, ratio clipped at 1 + eps_high (default: 4e-4 for gspo, 0.27 for grpo).
+            ratio level: 3e-4 for sequence ratios, 0.2 for token ratios).
+        eps_high: upper clipping range, ratio clipped at 1 + eps_high (default: 4e-4 sequence, 0.27 token).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up, in optimizer steps; constant afterwards.
         temperature: temperature of the log-probs; linked to the sampler's sampling temperature by the CLI.
+        reference_on_cpu: keep the KL reference policy (only built when kl_coef > 0) on the CPU.
+        log_entropy: log the policy's mean token entropy on the response tokens (one extra softmax).
+        max_new_tokens: longest response, for the length buckets of the clip diagnostics; linked from the sampler.
     """
 
     def __init__(
         self,
         policy: PolicyLoader,
-        objective: Literal["gspo", "grpo"] = "gspo",
+        objective: str | ObjectiveSpec = "gspo",
         eps_low: float | None = None,
         eps_high: float | None = None,
         lr: float = 1e-6,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         temperature: float = 1.0,
+        reference_on_cpu: bool = False,
+        log_entropy: bool = True,
+        max_new_tokens: int = 256,
     ) -> None:
         super().__init__()
-        if objective not in OBJECTIVES:
-            raise ValueError(f"model.objective must be one of {sorted(OBJECTIVES)}, got {objective!r}")
-        default_low, default_high = PAPER_CLIP_RANGES[objective]
+        self.objective = _resolve(objective)
+        default_low, default_high = PAPER_CLIP_RANGES[self.objective.ratio]
         self.eps_low = default_low if eps_low is None else eps_low
         self.eps_high = default_high if eps_high is None else eps_high
         _validate(self.eps_low, self.eps_high, lr, weight_decay, warmup_steps, temperature)
         self.save_hyperparameters()
-        self.objective_fn = OBJECTIVES[objective]
         self.policy_loader = policy
         self.tokenizer = policy.load_tokenizer()
-        self.policy: torch.nn.Module | None = None
+        self.policy: nn.Module | None = None
+        # A plain list keeps the reference out of state_dict, the optimizer and Lightning's device moves:
+        # it is the frozen initial policy, rebuilt from the loader on resume, and may stay on the CPU.
+        self._reference: list[nn.Module] = []
+
+    @property
+    def reference_policy(self) -> nn.Module | None:
+        """The frozen initial policy for the KL penalty, or None when the objective has none."""
+        return self._reference[0] if self._reference else None
 
     def configure_model(self) -> None:
         """Build the policy here, not in ``__init__``, so sharded strategies can wrap it as it is created."""
@@ -77,32 +90,34 @@ class GSPOModule(pl.LightningModule):
         # Eval mode for good: dropout off, so pi_old and pi_theta are the same deterministic function of the
         # weights and the first minibatch of every round is exactly on-policy (ratio 1).
         self.policy = self.policy_loader.load_model(self.tokenizer).eval()
+        if self.objective.kl_coef > 0:
+            self._reference = [copy.deepcopy(self.policy).requires_grad_(False).eval()]
 
     def on_fit_start(self) -> None:
         self.policy.eval()
+        if self.reference_policy is not None:
+            self.reference_policy.to("cpu" if self.hparams.reference_on_cpu else self.device)
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> Tensor:
         minibatch = batch.minibatch
         if minibatch is None:
             raise RuntimeError("training_step got no minibatch: add gspo_lightning.GroupSampler to the callbacks")
-        logprobs = response_logprobs(
-            self.policy,
-            minibatch.input_ids,
-            minibatch.attention_mask,
-            minibatch.response_ids.shape[1],
-            self.hparams.temperature,
-        )  # [n, R]
-        loss, stats = self.objective_fn(
+        response_length = minibatch.response_ids.shape[1]
+        logits = response_logits(self.policy, minibatch.input_ids, minibatch.attention_mask, response_length)
+        logprobs = token_logprobs(logits, minibatch.response_ids, self.hparams.temperature)  # [n, R]
+        loss, stats = objective_loss(
+            self.objective,
             logprobs,
             minibatch.old_logprobs,
             minibatch.advantages,
             minibatch.response_mask,
             self.eps_low,
             self.eps_high,
+            minibatch.ref_logprobs,
         )
-        size = len(minibatch)
-        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=size)
-        self.log_dict({f"train/{name}": value for name, value in stats.items()}, batch_size=size)
+        if self.hparams.log_entropy:
+            stats["entropy"] = _mean_entropy(logits.detach(), minibatch, self.hparams.temperature)
+        log_step_metrics(self, loss, stats, logprobs.detach(), minibatch, batch.minibatch_index)
         return loss
 
     def configure_optimizers(self) -> dict:
@@ -112,6 +127,20 @@ class GSPOModule(pl.LightningModule):
         warmup = max(self.hparams.warmup_steps, 1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _mean_entropy(logits: Tensor, minibatch: Minibatch, temperature: float) -> Tensor:
+    with torch.no_grad():
+        entropy = token_entropy(logits, temperature)  # [n, R]
+        mask = minibatch.response_mask.bool()  # [n, R]
+        return torch.where(mask, entropy, torch.zeros_like(entropy)).sum() / mask.sum().clamp(min=1)
+
+
+def _resolve(objective: str | ObjectiveSpec) -> ObjectiveSpec:
+    try:
+        return resolve_objective(objective)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"model.objective: {error}") from error
 
 
 def _validate(

@@ -30,6 +30,7 @@ def test_links_carry_command_line_overrides(tmp_path, monkeypatch):
     cli = main(args, run=False)
     assert cli.datamodule.minibatches_per_rollout == 2
     assert cli.model.hparams.temperature == 0.7
+    assert cli.model.hparams.max_new_tokens == cli.config["sampler"]["max_new_tokens"]
 
 
 def tiny_run_config(tmp_path: Path, max_steps: int) -> Path:
@@ -75,7 +76,8 @@ def test_fit_through_the_cli_logs_checkpoints_exports_and_resumes(tmp_path):
         "train/loss", "train/clip_frac", "train/clip_frac_low", "train/clip_frac_high", "train/ratio_mean",
         "rollout/reward_mean", "rollout/reward_std", "rollout/zero_variance_frac", "rollout/response_len_mean",
         "rollout/response_len_max", "rollout/truncated_frac", "time/generate_s", "time/train_s",
-        "lr-AdamW", "eval/accuracy",
+        "lr-AdamW", "eval/accuracy", "train/entropy", "diag/clip_frac_resp", "diag/seq_ratio_p50",
+        "diag/kl_old_theta", "drift/kl_old_theta_mb0", "drift/kl_old_theta_mb3",
     }
     assert expected <= columns
     steps = {int(r["step"]) for r in rows if r["train/loss"]}

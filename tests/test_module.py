@@ -3,6 +3,7 @@ import torch
 
 from gspo_lightning.models import TinyQwen3
 from gspo_lightning.module import GSPOModule
+from gspo_lightning.objectives import ObjectiveSpec
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout.minibatches import split_minibatches
 from gspo_lightning.rollout.sampler import GroupSampler
@@ -10,11 +11,18 @@ from gspo_lightning.rollout.types import PromptBatch
 from tests.conftest import TINY
 
 
-def test_paper_clip_ranges_are_the_defaults():
-    gspo = GSPOModule(TinyQwen3(**TINY))
-    grpo = GSPOModule(TinyQwen3(**TINY), objective="grpo")
-    assert (gspo.eps_low, gspo.eps_high) == (3e-4, 4e-4)
-    assert (grpo.eps_low, grpo.eps_high) == (0.2, 0.27)
+@pytest.mark.parametrize(
+    ("objective", "clip_range"),
+    [("gspo", (3e-4, 4e-4)), ("gspo_token", (3e-4, 4e-4)), ("grpo", (0.2, 0.27)), ("dapo", (0.2, 0.27))],
+)
+def test_paper_clip_ranges_are_the_defaults(objective, clip_range):
+    module = GSPOModule(TinyQwen3(**TINY), objective=objective)
+    assert (module.eps_low, module.eps_high) == clip_range
+
+
+def test_a_spec_that_reweights_responses_by_length_is_rejected():
+    with pytest.raises(ValueError, match="re-weights each response by its length"):
+        GSPOModule(TinyQwen3(**TINY), objective=ObjectiveSpec(ratio="sequence", aggregation="token_mean"))
 
 
 @pytest.mark.parametrize(
@@ -22,7 +30,7 @@ def test_paper_clip_ranges_are_the_defaults():
     [
         ({"eps_low": 0.0}, r"model.eps_low must be in \(0, 1\), got 0.0"),
         ({"eps_high": 1.0}, r"model.eps_high must be in \(0, 1\), got 1.0"),
-        ({"objective": "ppo"}, r"model.objective must be one of \['grpo', 'gspo'\]"),
+        ({"objective": "ppo"}, r"model.objective: unknown objective 'ppo'; allowed names: dapo, dr_grpo, grpo"),
         ({"lr": -1.0}, "model.lr must be > 0"),
     ],
 )
@@ -31,21 +39,42 @@ def test_bad_settings_fail_before_the_model_is_built(kwargs, message):
         GSPOModule(TinyQwen3(**TINY), **kwargs)
 
 
-def test_training_step_on_first_minibatch_is_on_policy():
-    module = GSPOModule(TinyQwen3(**TINY))
+def _first_step(module: GSPOModule) -> dict:
+    """One training step on a fresh rollout, with log/log_dict captured."""
     module.configure_model()
+    module.on_fit_start()
     sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=1, max_new_tokens=4)
     batch = PromptBatch(["1+1=", "2+2="], {"answer": ["2", "4"]}, num_minibatches=1)
     torch.manual_seed(0)
     rollout = sampler.sample(module, batch.prompts, batch.columns)
-    batch.minibatch = split_minibatches(rollout, 1, module.policy)[0]
+    batch.minibatch = split_minibatches(rollout, 1, module.policy, reference=module.reference_policy)[0]
     logged = {}
     module.log = lambda name, value, **kwargs: logged.__setitem__(name, value)
     module.log_dict = lambda values, **kwargs: logged.update(values)
-    loss = module.training_step(batch, 0)
-    loss.backward()
+    module.training_step(batch, 0).backward()
+    return logged
+
+
+@pytest.mark.parametrize("objective", ["gspo", "gspo_token", "grpo", "dapo", "dr_grpo"])
+def test_training_step_on_first_minibatch_is_on_policy(objective):
+    module = GSPOModule(TinyQwen3(**TINY), objective=objective)
+    logged = _first_step(module)
     assert logged["train/ratio_mean"] == 1.0 and logged["train/clip_frac"] == 0.0
+    assert logged["diag/kl_old_theta"] == 0.0 and logged["drift/kl_old_theta_mb0"] == 0.0
+    assert logged["train/entropy"] > 0
     assert all(p.grad is not None for p in module.policy.parameters() if p.requires_grad)
+    assert module.reference_policy is None
+
+
+def test_kl_penalty_uses_a_frozen_reference_kept_on_cpu():
+    spec = ObjectiveSpec(ratio="sequence", kl_coef=0.1, kl_estimator="k3")
+    module = GSPOModule(TinyQwen3(**TINY), objective=spec, reference_on_cpu=True)
+    logged = _first_step(module)
+    reference = module.reference_policy
+    assert reference is not None and not any(p.requires_grad for p in reference.parameters())
+    assert next(reference.parameters()).device.type == "cpu"
+    assert "reference" not in "".join(module.state_dict())  # rebuilt from the loader, not checkpointed
+    assert logged["train/kl"] == 0.0  # policy == reference before any update
 
 
 def test_training_step_without_sampler_says_what_is_missing():

@@ -39,11 +39,16 @@ def _trimmed_rows(rollout: Rollout, rows: slice) -> tuple[Tensor, Tensor, Tensor
 
 @torch.no_grad()
 def split_minibatches(
-    rollout: Rollout, num_minibatches: int, policy: nn.Module, temperature: float = 1.0
+    rollout: Rollout,
+    num_minibatches: int,
+    policy: nn.Module,
+    temperature: float = 1.0,
+    reference: nn.Module | None = None,
 ) -> list[Minibatch]:
     """Cut the rollout into K contiguous minibatches and attach pi_old's per-token log-probs to each.
 
-    Contiguous rows keep a prompt's G responses together whenever G divides N / K.
+    Contiguous rows keep a prompt's G responses together whenever G divides N / K. With a ``reference``
+    policy (KL penalty), its log-probs are recorded too, on the reference's own device (it may live on CPU).
     Call it inside the same precision context as ``training_step``.
     """
     check_divisible(len(rollout), num_minibatches)
@@ -55,6 +60,9 @@ def split_minibatches(
         old_logprobs = response_logprobs(
             policy, input_ids, attention_mask, response_ids.shape[1], temperature
         )  # [n, R']
+        ref_logprobs = None if reference is None else _reference_logprobs(
+            reference, input_ids, attention_mask, response_ids.shape[1], temperature
+        )  # [n, R']
         minibatches.append(
             Minibatch(
                 input_ids=input_ids,
@@ -64,6 +72,18 @@ def split_minibatches(
                 old_logprobs=old_logprobs.float(),
                 advantages=rollout.advantages[rows],
                 rewards=rollout.rewards[rows],
+                ref_logprobs=ref_logprobs,
             )
         )
     return minibatches
+
+
+def _reference_logprobs(
+    reference: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int, temperature: float
+) -> Tensor:
+    """pi_ref's log-probs, computed where the reference lives and returned on the policy's device."""
+    device = next(reference.parameters()).device
+    logprobs = response_logprobs(
+        reference, input_ids.to(device), attention_mask.to(device), response_length, temperature
+    )  # [n, R]
+    return logprobs.float().to(input_ids.device)

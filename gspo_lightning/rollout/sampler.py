@@ -2,7 +2,8 @@
 
 Contract with the LightningModule (ours or anyone's):
 - it has ``policy`` (a Hugging Face causal LM with ``generate``) and ``tokenizer`` attributes by the time
-  training starts (they may be built in ``configure_model``);
+  training starts (they may be built in ``configure_model``), and optionally ``reference_policy`` (a frozen
+  causal LM, on any device) whose log-probs then travel in ``Minibatch.ref_logprobs`` for a KL penalty;
 - its dataloader yields ``PromptBatch`` objects, each rollout round served K times in a row with
   ``minibatch_index`` 0..K-1 (``PromptDataModule`` does this);
 - its ``training_step`` reads ``batch.minibatch`` (a ``Minibatch``) and computes its loss from it, with
@@ -13,14 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from gspo_lightning.objectives import group_advantages
+from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale, group_advantages
 from gspo_lightning.rewards.scoring import RewardFunction, score_completions
 from gspo_lightning.rollout.context import inference_context, parameters_are_sharded
 from gspo_lightning.rollout.generation import (
@@ -53,6 +53,8 @@ class GroupSampler(Callback):
         temperature: sampling temperature (> 0); log-probs are taken at the same temperature.
         top_p: nucleus sampling threshold in (0, 1] (1 disables it).
         top_k: top-k sampling (0 disables it).
+        advantage_scale: what the group-centred rewards are divided by: ``group`` std (Eq. 6), ``batch`` std
+            of all rewards, or ``none`` (Dr. GRPO).
     """
 
     def __init__(
@@ -65,8 +67,14 @@ class GroupSampler(Callback):
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        advantage_scale: AdvantageScale = "group",
     ) -> None:
         _validate(rewards, reward_weights, group_size, num_minibatches, max_new_tokens, temperature, top_p, top_k)
+        require(
+            advantage_scale in ADVANTAGE_SCALES,
+            f"sampler.advantage_scale must be one of {list(ADVANTAGE_SCALES)}, got {advantage_scale!r}",
+        )
+        self.advantage_scale = advantage_scale
         self.rewards: list[RewardFunction] = list(rewards)
         self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.rewards)
         self.group_size = group_size
@@ -116,8 +124,13 @@ class GroupSampler(Callback):
         with inference_context(trainer):
             rollout = self.sample(pl_module, batch.prompts, batch.columns, parameters_are_sharded(trainer))
             started = time.perf_counter()
-            temperature = self.settings.temperature
-            self._minibatches = split_minibatches(rollout, self.num_minibatches, pl_module.policy, temperature)
+            self._minibatches = split_minibatches(
+                rollout,
+                self.num_minibatches,
+                pl_module.policy,
+                self.settings.temperature,
+                reference=getattr(pl_module, "reference_policy", None),
+            )
             self._round_seconds["old_logprob_s"] = time.perf_counter() - started
         self._stats = rollout_stats(rollout, self.group_size)
         self._rollout_index = batch.rollout_index
@@ -151,7 +164,7 @@ class GroupSampler(Callback):
             response_ids=response_ids,
             response_mask=response_mask,
             rewards=rewards.to(device),
-            advantages=group_advantages(rewards, self.group_size).to(device),
+            advantages=group_advantages(rewards, self.group_size, self.advantage_scale).to(device),
             truncated=truncated,
             completions=completions,
             reward_components=components,
@@ -161,7 +174,7 @@ class GroupSampler(Callback):
         """The partly consumed round travels with the checkpoint, so a resume mid-round trains on the same data."""
         return {
             "rollout_index": self._rollout_index,
-            "minibatches": [{k: v.cpu() for k, v in asdict(mb).items()} for mb in self._minibatches],
+            "minibatches": [{k: v.cpu() for k, v in mb.tensors().items()} for mb in self._minibatches],
             "stats": self._stats,
         }
 

@@ -54,6 +54,7 @@ class Minibatch:
         old_logprobs:   [n, R]  float32 log pi_old(y_t | x, y_<t), recorded right after sampling
         advantages:     [n]     group-normalised advantage of each response (Eq. 6)
         rewards:        [n]     the scalar reward of each response
+        ref_logprobs:   [n, R]  float32 log pi_ref, only when a KL penalty to a reference policy is used
     """
 
     input_ids: Tensor
@@ -63,12 +64,17 @@ class Minibatch:
     old_logprobs: Tensor
     advantages: Tensor
     rewards: Tensor
+    ref_logprobs: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def tensors(self) -> dict[str, Tensor]:
+        """The fields that hold a tensor (``ref_logprobs`` may be None)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
     def to(self, device: torch.device | str) -> Minibatch:
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return replace(self, **{name: value.to(device) for name, value in self.tensors().items()})
 
 
 @dataclass

@@ -1,0 +1,47 @@
+"""What ``training_step`` logs: the objective's stats and the diagnostics that explain a run.
+
+Orchestration only: the numbers come from the pure functions in ``objectives`` and ``diagnostics``.
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch import Tensor
+
+from gspo_lightning.diagnostics import length_bucket_edges, ratio_diagnostics, sequence_ratios
+from gspo_lightning.rollout.types import Minibatch
+
+_RATIO_LEVEL = {"sequence": "sequence", "sequence_token": "sequence", "token": "token"}
+
+
+def log_step_metrics(
+    module: pl.LightningModule,
+    loss: Tensor,
+    stats: dict[str, Tensor],
+    logprobs: Tensor,
+    minibatch: Minibatch,
+    minibatch_index: int,
+) -> None:
+    """Log loss and stats under ``train/``, diagnostics under ``diag/``, off-policy drift per minibatch index."""
+    size = len(minibatch)
+    diagnostics = ratio_diagnostics(
+        logprobs,
+        minibatch.old_logprobs,
+        minibatch.advantages,
+        minibatch.response_mask,
+        module.eps_low,
+        module.eps_high,
+        ratio_level=_RATIO_LEVEL[module.objective.ratio],
+        length_edges=length_bucket_edges(module.hparams.max_new_tokens),
+    )
+    module.log("train/loss", loss.detach(), prog_bar=True, batch_size=size)
+    module.log_dict({f"train/{name}": value for name, value in stats.items()}, batch_size=size)
+    module.log_dict({f"diag/{name}": value for name, value in diagnostics.items()}, batch_size=size)
+    # One series per minibatch index: drift grows from ~0 at the first minibatch of a round to the K-th.
+    module.log(f"drift/kl_old_theta_mb{minibatch_index}", diagnostics["kl_old_theta"], batch_size=size)
+    histogram_loggers = [logger for logger in module.loggers if isinstance(logger, TensorBoardLogger)]
+    if histogram_loggers:
+        ratios = sequence_ratios(logprobs, minibatch.old_logprobs, minibatch.response_mask)  # [N_valid]
+        for logger in histogram_loggers:
+            logger.experiment.add_histogram("diag/seq_ratio", ratios, module.global_step)
