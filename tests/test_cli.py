@@ -33,13 +33,16 @@ def test_links_carry_command_line_overrides(tmp_path, monkeypatch):
     assert cli.model.hparams.max_new_tokens == cli.config["sampler"]["max_new_tokens"]
 
 
-def tiny_run_config(tmp_path: Path, max_steps: int) -> Path:
-    """The quick-start config shrunk to seconds: random tiny policy, small data, short responses."""
+def tiny_run_config(tmp_path: Path, max_steps: int, checkpoint_every: int = 4, extra: dict | None = None) -> Path:
+    """The quick-start config shrunk to seconds: random tiny policy, small data, short responses.
+
+    ``extra`` is merged into the config's top-level sections (lists are appended to).
+    """
     config = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
     trainer = config["trainer"]
     trainer["max_steps"] = max_steps
     trainer["logger"]["init_args"] = {"save_dir": str(tmp_path / "runs"), "name": "tiny", "version": 0}
-    trainer["callbacks"][0]["init_args"].update(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=4)
+    trainer["callbacks"][0]["init_args"].update(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=checkpoint_every)
     model = config["model"]["init_args"]
     model["policy"] = {"class_path": "gspo_lightning.models.TinyQwen3", "init_args": TINY}
     data = config["data"]["init_args"]
@@ -47,6 +50,10 @@ def tiny_run_config(tmp_path: Path, max_steps: int) -> Path:
     data["prompts_per_rollout"] = 4
     config["sampler"].update(group_size=4, max_new_tokens=5)
     config["evaluation"]["every_n_steps"] = 4
+    for section, values in (extra or {}).items():
+        for key, value in values.items():
+            target = config[section]
+            target[key] = target[key] + value if isinstance(value, list) else value
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

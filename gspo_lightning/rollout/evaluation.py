@@ -61,7 +61,8 @@ class HeldOutEvaluation(Callback):
             )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.at_start and not self._evaluated_at(trainer.global_step):
+        # A resumed run does not start at step 0: its step-0 figure is in the restored history.
+        if self.at_start and trainer.global_step == 0 and not self._evaluated_at(0):
             self.evaluate(trainer, pl_module)
 
     def on_train_batch_end(

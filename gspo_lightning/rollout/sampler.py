@@ -31,6 +31,7 @@ from gspo_lightning.rollout.generation import (
     response_mask_until_eos,
 )
 from gspo_lightning.rollout.minibatches import check_divisible, split_minibatches
+from gspo_lightning.rollout.rng import restore_rng_states, rng_states
 from gspo_lightning.rollout.stats import rollout_stats
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
 from gspo_lightning.validation import require
@@ -83,6 +84,7 @@ class GroupSampler(Callback):
         self._rollout_index: int | None = None
         self._minibatches: list[Minibatch] = []
         self._stats: dict[str, torch.Tensor] = {}
+        self._pending_rng: dict[str, Any] | None = None
         self._round_seconds: dict[str, float] = {}
         self._step_started = 0.0
 
@@ -105,6 +107,11 @@ class GroupSampler(Callback):
                 f"num_minibatches is {self.num_minibatches}: they must be equal (the CLI links them)"
             )
         self._round_seconds = {}
+        if self._pending_rng is not None:
+            # Restored here, not in load_state_dict: Lightning draws from the global RNG between loading a
+            # checkpoint and the first step (the dataloader iterator's base seed), which the original run did not.
+            restore_rng_states(self._pending_rng)
+            self._pending_rng = None
         if batch.rollout_index != self._rollout_index or not self._minibatches:
             self._new_round(trainer, pl_module, batch)
         batch.minibatch = self._minibatches[batch.minibatch_index].to(pl_module.device)
@@ -171,17 +178,20 @@ class GroupSampler(Callback):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The partly consumed round travels with the checkpoint, so a resume mid-round trains on the same data."""
+        """The partly consumed round and the random generators travel with the checkpoint, so a resumed run
+        trains on the same data and draws the same samples as an uninterrupted one."""
         return {
             "rollout_index": self._rollout_index,
             "minibatches": [{k: v.cpu() for k, v in mb.tensors().items()} for mb in self._minibatches],
             "stats": self._stats,
+            "rng": rng_states(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._rollout_index = state_dict["rollout_index"]
         self._minibatches = [Minibatch(**fields) for fields in state_dict["minibatches"]]
         self._stats = state_dict["stats"]
+        self._pending_rng = state_dict.get("rng")
 
 
 def _validate(

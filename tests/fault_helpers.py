@@ -1,0 +1,25 @@
+"""Test-only pieces named in configs by class_path: a process killer and a reward that always varies."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+
+
+class KillAtStep(Callback):
+    """SIGKILLs its own process at the start of optimizer step ``step``: a crash with no chance to clean up."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def length_reward(prompts, completions, **columns) -> list[float]:
+    """Longer completions score higher: a learning signal even for an untrained policy."""
+    return [len(c) / 8 for c in completions]
