@@ -8,24 +8,34 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
-from gspo_lightning.callbacks import ExportPolicy
+from gspo_lightning.callbacks import CheckpointOnPreemption, ExportPolicy, NonFiniteGuard
 from gspo_lightning.data import PromptDataModule
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
+from gspo_lightning.rollout.minibatches import check_divisible
 
 
 class GSPOCLI(LightningCLI):
-    """LightningCLI whose sampler, evaluation and export callbacks are always present, with shared values linked."""
+    """LightningCLI whose sampler, evaluation, export and fault callbacks are always present, shared values linked."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(GroupSampler, "sampler")
         parser.add_lightning_class_args(HeldOutEvaluation, "evaluation")
         parser.add_lightning_class_args(ExportPolicy, "export")
+        parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
+        parser.add_lightning_class_args(CheckpointOnPreemption, "preemption")
         # Linked, not interpolated: a command-line override of the source reaches every target.
         parser.link_arguments("sampler.temperature", "model.init_args.temperature")
         parser.link_arguments("sampler.num_minibatches", "data.init_args.minibatches_per_rollout")
         parser.link_arguments("sampler.max_new_tokens", "evaluation.max_new_tokens")
         parser.link_arguments("sampler.max_new_tokens", "model.init_args.max_new_tokens")
+
+    def before_instantiate_classes(self) -> None:
+        """Reject a K that does not divide P x G before anything is built."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        prompts = getattr(getattr(config.get("data"), "init_args", None), "prompts_per_rollout", None)
+        if prompts is not None:
+            check_divisible(prompts * config.sampler.group_size, config.sampler.num_minibatches)
 
     def before_fit(self) -> None:
         self._fit_started = time.perf_counter()

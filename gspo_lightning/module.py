@@ -98,7 +98,7 @@ class GSPOModule(pl.LightningModule):
         if self.reference_policy is not None:
             self.reference_policy.to("cpu" if self.hparams.reference_on_cpu else self.device)
 
-    def training_step(self, batch: PromptBatch, batch_idx: int) -> Tensor:
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> Tensor | None:
         minibatch = batch.minibatch
         if minibatch is None:
             raise RuntimeError("training_step got no minibatch: add gspo_lightning.GroupSampler to the callbacks")
@@ -115,6 +115,10 @@ class GSPOModule(pl.LightningModule):
             self.eps_high,
             minibatch.ref_logprobs,
         )
+        if not torch.isfinite(loss):
+            # Returning no loss skips backward and the update; NonFiniteGuard counts the skipped step.
+            self.log("faults/nonfinite_loss", 1.0, batch_size=len(minibatch))
+            return None
         if self.hparams.log_entropy:
             stats["entropy"] = _mean_entropy(logits.detach(), minibatch, self.hparams.temperature)
         log_step_metrics(self, loss, stats, logprobs.detach(), minibatch, batch.minibatch_index)

@@ -23,3 +23,11 @@ class KillAtStep(Callback):
 def length_reward(prompts, completions, **columns) -> list[float]:
     """Longer completions score higher: a learning signal even for an untrained policy."""
     return [len(c) / 8 for c in completions]
+
+
+class TermAtStep(KillAtStep):
+    """Sends SIGTERM to its own process at the start of optimizer step ``step``: a scheduler's pre-emption."""
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)

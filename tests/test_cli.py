@@ -33,6 +33,12 @@ def test_links_carry_command_line_overrides(tmp_path, monkeypatch):
     assert cli.model.hparams.max_new_tokens == cli.config["sampler"]["max_new_tokens"]
 
 
+def test_minibatches_that_do_not_divide_the_rollout_fail_before_anything_is_built(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="num_minibatches=3 must be >= 1 and divide the rollout batch of 128"):
+        main(["-c", str(ROOT / "configs/quickstart.yaml"), "--sampler.num_minibatches=3"], run=False)
+
+
 def tiny_run_config(tmp_path: Path, max_steps: int, checkpoint_every: int = 4, extra: dict | None = None) -> Path:
     """The quick-start config shrunk to seconds: random tiny policy, small data, short responses.
 

@@ -1,4 +1,5 @@
-"""Fault test: a run killed with SIGKILL mid-rollout and resumed equals an uninterrupted run, step for step."""
+"""Fault tests: a run killed mid-rollout (SIGKILL) or pre-empted (SIGTERM) and resumed with ``--ckpt_path last``
+equals an uninterrupted run, step for step and bit for bit."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from tests.test_cli import ROOT, tiny_run_config
 
-STEPS, CHECKPOINT_EVERY, KILL_AT = 24, 5, 14  # the last checkpoint (step 10) falls inside a round of K = 4
+STEPS, K = 24, 4
 COMPARED = ("train/loss", "rollout/reward_mean", "train/ratio_mean", "train/clip_frac")
 
 
@@ -28,30 +29,46 @@ def _per_step(run_dir: Path) -> dict[int, dict[str, str]]:
     return {int(r["step"]): {k: r[k] for k in COMPARED} for r in rows if r["train/loss"]}
 
 
-def _config(tmp_path: Path, kill: bool) -> Path:
+def _config(directory: Path, checkpoint_every: int, fault: dict | None = None) -> Path:
     sections = {"sampler": {"rewards": ["tests.fault_helpers.length_reward"]}}
-    if kill:
-        killer = {"class_path": "tests.fault_helpers.KillAtStep", "init_args": {"step": KILL_AT}}
-        sections["trainer"] = {"callbacks": [killer]}
-    tmp_path.mkdir(exist_ok=True)
-    return tiny_run_config(tmp_path, STEPS, checkpoint_every=CHECKPOINT_EVERY, extra=sections)
+    if fault:
+        sections["trainer"] = {"callbacks": [fault]}
+    directory.mkdir(exist_ok=True)
+    return tiny_run_config(directory, STEPS, checkpoint_every=checkpoint_every, extra=sections)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[int, dict[str, str]]:
+    directory = tmp_path_factory.mktemp("reference")
+    result = _run(_config(directory, checkpoint_every=5))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _per_step(directory / "runs/tiny/version_0")
 
 
 @pytest.mark.slow
-def test_sigkill_mid_rollout_then_resume_matches_an_uninterrupted_run(tmp_path):
-    reference = _run(_config(tmp_path / "reference", kill=False))
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    expected = _per_step(tmp_path / "reference/runs/tiny/version_0")
-
-    killed = _run(_config(tmp_path / "faulty", kill=True))
-    assert killed.returncode == -signal.SIGKILL
-    # Resume with the same config minus the killer, as a user would after a crash.
-    resumed = _run(_config(tmp_path / "faulty", kill=False), "--ckpt_path=last", "--trainer.logger.init_args.version=1")
+@pytest.mark.parametrize(
+    ("fault", "at_step", "checkpoint_every", "exit_code", "resumed_from"),
+    [
+        # SIGKILL at step 14: the last periodic checkpoint (step 10) is inside a round of K = 4.
+        ("KillAtStep", 14, 5, -signal.SIGKILL, 10),
+        # SIGTERM at step 5: Lightning finishes that step, CheckpointOnPreemption saves last.ckpt at step 6 and
+        # Lightning exits through SIGTERMException (a SystemExit, status 0).
+        ("TermAtStep", 5, 100, 0, 6),
+    ],
+)
+def test_resumed_run_equals_an_uninterrupted_run(
+    tmp_path, uninterrupted, fault, at_step, checkpoint_every, exit_code, resumed_from
+):
+    killer = {"class_path": f"tests.fault_helpers.{fault}", "init_args": {"step": at_step}}
+    interrupted = _run(_config(tmp_path, checkpoint_every, killer))
+    assert interrupted.returncode == exit_code, interrupted.stderr[-3000:]
+    assert (tmp_path / "ckpt/last.ckpt").exists()
+    # Resume with the same config minus the fault, as a user would.
+    resumed = _run(_config(tmp_path, checkpoint_every), "--ckpt_path=last", "--trainer.logger.init_args.version=1")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    after = _per_step(tmp_path / "faulty/runs/tiny/version_1")
+    after = _per_step(tmp_path / "runs/tiny/version_1")
 
-    resumed_from = min(after)
-    assert resumed_from == 10 and resumed_from % 4 != 0  # resumed inside a rollout batch
+    assert min(after) == resumed_from and resumed_from % K != 0  # resumed inside a rollout batch
     assert set(after) == set(range(resumed_from, STEPS))
-    assert {step: expected[step] for step in after} == after  # bitwise: the CSV holds full-precision reprs
+    assert {step: uninterrupted[step] for step in after} == after  # bitwise: the CSV holds full-precision reprs
     assert len({row["train/loss"] for row in after.values()}) > 1  # a real, changing signal was compared

@@ -1,5 +1,7 @@
-"""Callbacks that are not part of the rollout: exporting the trained policy."""
+"""Callbacks that are not part of the rollout: export, pre-emption checkpoints, non-finite step guard."""
 
 from gspo_lightning.callbacks.export import ExportPolicy
+from gspo_lightning.callbacks.nonfinite import NonFiniteGuard
+from gspo_lightning.callbacks.preemption import CheckpointOnPreemption
 
-__all__ = ["ExportPolicy"]
+__all__ = ["CheckpointOnPreemption", "ExportPolicy", "NonFiniteGuard"]
