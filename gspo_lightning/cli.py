@@ -29,6 +29,7 @@ class GSPOCLI(LightningCLI):
         parser.link_arguments("sampler.num_minibatches", "data.init_args.minibatches_per_rollout")
         parser.link_arguments("sampler.max_new_tokens", "evaluation.max_new_tokens")
         parser.link_arguments("sampler.max_new_tokens", "model.init_args.max_new_tokens")
+        parser.link_arguments("sampler.prompt_overflow", "evaluation.prompt_overflow")
 
     def before_instantiate_classes(self) -> None:
         """Reject a K that does not divide P x G before anything is built."""

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from torchmetrics import MeanMetric
 
@@ -18,6 +19,7 @@ from gspo_lightning.rollout.generation import (
     generate_responses,
     response_mask_until_eos,
 )
+from gspo_lightning.rollout.prompts import PROMPT_OVERFLOWS, PromptOverflow, context_length, fit_prompts_to_context
 
 
 class HeldOutEvaluation(Callback):
@@ -32,6 +34,9 @@ class HeldOutEvaluation(Callback):
         at_start: evaluate before the first update (step 0).
         at_end: evaluate after the last update.
         max_new_tokens: longest greedy response.
+        prompt_overflow: a prompt whose tokens plus ``max_new_tokens`` exceed the policy's context: ``error``
+            stops, ``truncate`` keeps its last tokens (as the sampler does), ``skip`` truncates it and leaves it
+            out of the accuracy.
     """
 
     def __init__(
@@ -41,11 +46,17 @@ class HeldOutEvaluation(Callback):
         at_start: bool = True,
         at_end: bool = True,
         max_new_tokens: int = 256,
+        prompt_overflow: PromptOverflow = "error",
     ) -> None:
         if every_n_steps < 0:
             raise ValueError(f"evaluation.every_n_steps must be >= 0 (0 disables it), got {every_n_steps}")
         if max_new_tokens < 1:
             raise ValueError(f"evaluation.max_new_tokens must be >= 1, got {max_new_tokens}")
+        if prompt_overflow not in PROMPT_OVERFLOWS:
+            raise ValueError(
+                f"evaluation.prompt_overflow must be one of {list(PROMPT_OVERFLOWS)}, got {prompt_overflow!r}"
+            )
+        self.prompt_overflow = prompt_overflow
         self.correct = correct
         self.every_n_steps = every_n_steps
         self.at_start = at_start
@@ -88,13 +99,23 @@ class HeldOutEvaluation(Callback):
         with inference_context(trainer):
             for batch in trainer.datamodule.heldout_dataloader():
                 prompt_ids, prompt_mask = encode_prompts(pl_module.tokenizer, batch.prompts, pl_module.device)
+                prompt_ids, prompt_mask, cut = fit_prompts_to_context(
+                    prompt_ids,
+                    prompt_mask,
+                    self.settings.max_new_tokens,
+                    context_length(pl_module.policy, pl_module.tokenizer),
+                    self.prompt_overflow,
+                    setting="evaluation.prompt_overflow",
+                )  # [P, Lp'], [P, Lp'], [P]
                 response_ids = generate_responses(
                     pl_module.policy, pl_module.tokenizer, prompt_ids, prompt_mask, self.settings, synced
                 )  # [P, R]
                 response_mask, _ = response_mask_until_eos(response_ids, pl_module.tokenizer.eos_token_id)
                 completions = decode_responses(pl_module.tokenizer, response_ids, response_mask)
                 scores, _ = score_completions([self.correct], [1.0], batch.prompts, completions, batch.columns)
-                accuracy.update(scores.to(pl_module.device))
+                counted = (~cut if self.prompt_overflow == "skip" else torch.ones_like(cut)).cpu()  # [P] bool
+                if bool(counted.any()):
+                    accuracy.update(scores[counted].to(pl_module.device))
         value = float(accuracy.compute())
         self.history.append((trainer.global_step, value))
         for logger in trainer.loggers:

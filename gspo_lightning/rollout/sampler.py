@@ -20,8 +20,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale, group_advantages
-from gspo_lightning.rewards.scoring import RewardFunction, score_completions
+from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale
+from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
+from gspo_lightning.rewards.scoring import RewardErrors, RewardFunction, score_completions
 from gspo_lightning.rollout.context import inference_context, parameters_are_sharded
 from gspo_lightning.rollout.generation import (
     SamplingSettings,
@@ -31,7 +32,15 @@ from gspo_lightning.rollout.generation import (
     response_mask_until_eos,
 )
 from gspo_lightning.rollout.minibatches import check_divisible, split_minibatches
+from gspo_lightning.rollout.prompts import PromptOverflow, context_length, fit_prompts_to_context
 from gspo_lightning.rollout.rng import restore_rng_states, rng_states
+from gspo_lightning.rollout.sampler_checks import (
+    check_chat_template,
+    check_rollout_shape,
+    validate_robustness,
+    validate_sampling,
+)
+from gspo_lightning.rollout.signal import advantages_with_skips, skipped_responses
 from gspo_lightning.rollout.stats import rollout_stats
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
 from gspo_lightning.validation import require
@@ -56,6 +65,29 @@ class GroupSampler(Callback):
         top_k: top-k sampling (0 disables it).
         advantage_scale: what the group-centred rewards are divided by: ``group`` std (Eq. 6), ``batch`` std
             of all rewards, or ``none`` (Dr. GRPO).
+        reward_timeout_s: seconds one reward function may take on one rollout batch (null: no limit; needs
+            ``reward_isolation`` thread or process). A slow reward shows in ``time/reward_s``.
+        reward_isolation: how reward functions are called. ``thread``: in a daemon thread; on timeout the
+            thread is abandoned (Python cannot stop it: it runs on in the background until it returns) and the
+            call counts as failed. ``process``: in a reused worker process (spawn); on a timeout or a crash
+            (segfault, os._exit) the worker is killed and replaced, so user code can neither kill nor stall
+            the trainer; functions and columns must be picklable (module-level, not lambdas). ``none``: a
+            direct call, no timeout possible (set ``reward_timeout_s: null``). Use ``process`` or ``none`` for
+            reward code that needs the main thread (e.g. ``signal``-based time limits).
+        reward_errors: what a reward function that raises, times out, kills its worker, returns the wrong
+            number of values, or a NaN/inf/non-number does. ``raise``: stop with an error naming the function,
+            the problem and the first offending sample. ``skip``: drop the affected samples from the learning
+            signal (a failed call affects the whole batch, a bad value its own sample): every group holding
+            an affected sample gets advantages 0 for all its responses (nothing is imputed), affected rewards
+            are NaN and left out of the reward statistics, a warning is logged, and the samples and groups are
+            counted in ``rollout/reward_errors`` and ``rollout/groups_skipped``.
+        prompt_overflow: what a prompt does when its tokens plus ``max_new_tokens`` exceed the policy's
+            context (``config.max_position_embeddings``, else the tokenizer's ``model_max_length``). ``error``:
+            stop before generating, naming the prompt. ``truncate``: keep its last (context - max_new_tokens)
+            tokens (left truncation keeps the end of the question; a system prompt or few-shot examples at the
+            start are lost), counted in ``rollout/prompts_truncated``. ``skip``: truncated the same way for
+            generation (shapes stay fixed), but its group gets advantages 0 (no learning signal), counted in
+            ``rollout/prompts_skipped``.
     """
 
     def __init__(
@@ -69,18 +101,28 @@ class GroupSampler(Callback):
         top_p: float = 1.0,
         top_k: int = 0,
         advantage_scale: AdvantageScale = "group",
+        reward_timeout_s: float | None = 60.0,
+        reward_isolation: RewardIsolation = "thread",
+        reward_errors: RewardErrors = "raise",
+        prompt_overflow: PromptOverflow = "error",
     ) -> None:
-        _validate(rewards, reward_weights, group_size, num_minibatches, max_new_tokens, temperature, top_p, top_k)
+        validate_sampling(
+            rewards, reward_weights, group_size, num_minibatches, max_new_tokens, temperature, top_p, top_k
+        )
         require(
             advantage_scale in ADVANTAGE_SCALES,
             f"sampler.advantage_scale must be one of {list(ADVANTAGE_SCALES)}, got {advantage_scale!r}",
         )
+        validate_robustness(reward_timeout_s, reward_isolation, reward_errors, prompt_overflow)
         self.advantage_scale = advantage_scale
         self.rewards: list[RewardFunction] = list(rewards)
         self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.rewards)
         self.group_size = group_size
         self.num_minibatches = num_minibatches
         self.settings = SamplingSettings(max_new_tokens, temperature, top_p, top_k)
+        self.reward_errors = reward_errors
+        self.prompt_overflow = prompt_overflow
+        self.reward_runner = RewardRunner(reward_isolation, reward_timeout_s)
         self._rollout_index: int | None = None
         self._minibatches: list[Minibatch] = []
         self._stats: dict[str, torch.Tensor] = {}
@@ -88,15 +130,23 @@ class GroupSampler(Callback):
         self._round_seconds: dict[str, float] = {}
         self._step_started = 0.0
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Checks that need no model: Lightning calls this before ``configure_model`` builds the policy."""
+        if stage != "fit":
+            return
+        check_rollout_shape(trainer.datamodule, self.group_size, self.num_minibatches)
+        check_chat_template(trainer.datamodule, getattr(pl_module, "tokenizer", None))
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for attribute in ("policy", "tokenizer"):
             if getattr(pl_module, attribute, None) is None:
                 raise AttributeError(
                     f"GroupSampler needs the LightningModule to expose `{attribute}` (see the sampler's contract)"
                 )
-        prompts = getattr(trainer.datamodule, "prompts_per_rollout", None) if trainer.datamodule else None
-        if prompts is not None:
-            check_divisible(prompts * self.group_size, self.num_minibatches)
+        check_chat_template(trainer.datamodule, pl_module.tokenizer)  # a tokenizer built in configure_model
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.reward_runner.close()
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch, batch_idx: int
@@ -148,9 +198,7 @@ class GroupSampler(Callback):
         """Sample G responses per prompt, score them and compute group advantages (Eq. 6)."""
         tokenizer = pl_module.tokenizer
         started = time.perf_counter()
-        prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, pl_module.device)  # [P, Lp]
-        prompt_ids = prompt_ids.repeat_interleave(self.group_size, dim=0)  # [N, Lp]
-        prompt_mask = prompt_mask.repeat_interleave(self.group_size, dim=0)  # [N, Lp]
+        prompt_ids, prompt_mask, cut = self._prompts(pl_module, prompts)  # [N, Lp], [N, Lp], [N]
         response_ids = generate_responses(
             pl_module.policy, tokenizer, prompt_ids, prompt_mask, self.settings, synced_gpus
         )  # [N, R]
@@ -161,9 +209,17 @@ class GroupSampler(Callback):
         started = time.perf_counter()
         repeated_columns = {name: _repeat(values, self.group_size) for name, values in columns.items()}
         rewards, components = score_completions(
-            self.rewards, self.reward_weights, _repeat(prompts, self.group_size), completions, repeated_columns
-        )  # [N]
+            self.rewards,
+            self.reward_weights,
+            _repeat(prompts, self.group_size),
+            completions,
+            repeated_columns,
+            runner=self.reward_runner,
+            errors=self.reward_errors,
+        )  # [N], NaN where a reward is unavailable
         self._round_seconds["reward_s"] = time.perf_counter() - started
+        prompt_skipped = cut if self.prompt_overflow == "skip" else None  # [N] or None
+        skipped = skipped_responses(rewards, prompt_skipped, self.group_size)  # [N]
         device = prompt_ids.device
         return Rollout(
             prompt_ids=prompt_ids,
@@ -171,11 +227,24 @@ class GroupSampler(Callback):
             response_ids=response_ids,
             response_mask=response_mask,
             rewards=rewards.to(device),
-            advantages=group_advantages(rewards, self.group_size, self.advantage_scale).to(device),
+            advantages=advantages_with_skips(rewards, skipped, self.group_size, self.advantage_scale).to(device),
             truncated=truncated,
             completions=completions,
             reward_components=components,
+            prompt_cut=cut,
+            prompt_skipped=prompt_skipped,
         )
+
+    def _prompts(self, pl_module: Any, prompts: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Encoded prompts fitted to the context (``prompt_overflow``), each repeated G times."""
+        prompt_ids, prompt_mask = encode_prompts(pl_module.tokenizer, prompts, pl_module.device)  # [P, Lp]
+        context = context_length(pl_module.policy, pl_module.tokenizer)
+        prompt_ids, prompt_mask, cut = fit_prompts_to_context(
+            prompt_ids, prompt_mask, self.settings.max_new_tokens, context, self.prompt_overflow
+        )  # [P, Lp'], [P, Lp'], [P]
+        prompt_ids = prompt_ids.repeat_interleave(self.group_size, dim=0)  # [N, Lp']
+        prompt_mask = prompt_mask.repeat_interleave(self.group_size, dim=0)  # [N, Lp']
+        return prompt_ids, prompt_mask, cut.repeat_interleave(self.group_size, dim=0)  # [N, Lp'] x2, [N]
 
     def state_dict(self) -> dict[str, Any]:
         """The partly consumed round and the random generators travel with the checkpoint, so a resumed run
@@ -193,25 +262,3 @@ class GroupSampler(Callback):
         self._stats = state_dict["stats"]
         self._pending_rng = state_dict.get("rng")
 
-
-def _validate(
-    rewards: Sequence[Any],
-    reward_weights: Sequence[float] | None,
-    group_size: int,
-    num_minibatches: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-) -> None:
-    require(len(rewards) > 0, "sampler.rewards must name at least one reward function")
-    require(
-        reward_weights is None or len(reward_weights) == len(rewards),
-        f"sampler.reward_weights has {len(reward_weights or [])} values for {len(rewards)} rewards",
-    )
-    require(group_size >= 2, f"sampler.group_size must be >= 2 (advantages compare a group), got {group_size}")
-    require(num_minibatches >= 1, f"sampler.num_minibatches must be >= 1, got {num_minibatches}")
-    require(max_new_tokens >= 1, f"sampler.max_new_tokens must be >= 1, got {max_new_tokens}")
-    require(temperature > 0, f"sampler.temperature must be > 0, got {temperature}")
-    require(0 < top_p <= 1, f"sampler.top_p must be in (0, 1], got {top_p}")
-    require(top_k >= 0, f"sampler.top_k must be >= 0 (0 disables it), got {top_k}")

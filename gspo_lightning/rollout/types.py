@@ -53,7 +53,8 @@ class Minibatch:
         response_mask:  [n, R]  1 on response tokens up to and including EOS, 0 after
         old_logprobs:   [n, R]  float32 log pi_old(y_t | x, y_<t), recorded right after sampling
         advantages:     [n]     group-normalised advantage of each response (Eq. 6)
-        rewards:        [n]     the scalar reward of each response
+        rewards:        [n]     the scalar reward of each response (NaN where a reward function failed and
+                                ``reward_errors="skip"``: train on ``advantages``, which are then 0)
         ref_logprobs:   [n, R]  float32 log pi_ref, only when a KL penalty to a reference policy is used
     """
 
@@ -86,9 +87,13 @@ class Rollout:
         prompt_mask:    [N, Lp]  1 on real prompt tokens
         response_ids:   [N, R]   sampled tokens, padded after EOS
         response_mask:  [N, R]   1 up to and including the first EOS
-        rewards:        [N]      combined (weighted) reward
-        advantages:     [N]      group-normalised advantages
+        rewards:        [N]      combined (weighted) reward; NaN where a reward function failed for the sample
+                                 (``reward_errors="skip"``)
+        advantages:     [N]      group-normalised advantages; 0 for every response of a skipped group
         truncated:      [N]      bool, True when the response hit max_new_tokens without EOS
+        prompt_cut:     [N]      bool, True where the prompt was cut to fit the context; None: nothing cut
+        prompt_skipped: [N]      bool, True where the prompt's group is left out of learning because its prompt
+                                 overflowed (``prompt_overflow="skip"``); None: nothing skipped
     """
 
     prompt_ids: Tensor
@@ -100,6 +105,8 @@ class Rollout:
     truncated: Tensor
     completions: list[str] = field(default_factory=list)
     reward_components: dict[str, Tensor] = field(default_factory=dict)
+    prompt_cut: Tensor | None = None
+    prompt_skipped: Tensor | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

@@ -1,0 +1,91 @@
+"""Prompts longer than the policy's context: find the context length, then raise, truncate or mark them.
+
+A prompt overflows when its token count plus ``max_new_tokens`` exceeds the context length. Truncation is on
+the left: the last ``context - max_new_tokens`` prompt tokens are kept, so the end of the prompt (the question,
+the chat template's generation prompt) survives and its beginning (a system prompt, few-shot examples, BOS)
+is cut. Pure functions over left-padded tensors; no Lightning here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+PromptOverflow = Literal["error", "truncate", "skip"]
+PROMPT_OVERFLOWS: tuple[str, ...] = ("error", "truncate", "skip")
+
+# Tokenizers without a known limit report int(1e30) as model_max_length; configs sometimes hold junk too.
+_LARGEST_PLAUSIBLE_CONTEXT = 10**8
+
+
+def _plausible(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _LARGEST_PLAUSIBLE_CONTEXT:
+        return value
+    return None
+
+
+def context_length(policy: nn.Module | None, tokenizer: PreTrainedTokenizerBase | None) -> int | None:
+    """The policy's ``config.max_position_embeddings``, else the tokenizer's ``model_max_length``, else None.
+
+    A value that is missing, not a positive int or absurdly large (an unset tokenizer limit) does not count.
+    A wrapper (``policy.module``, as some strategies add) is looked through.
+    """
+    config = getattr(policy, "config", None) or getattr(getattr(policy, "module", None), "config", None)
+    from_config = _plausible(getattr(config, "max_position_embeddings", None))
+    if from_config is not None:
+        return from_config
+    return _plausible(getattr(tokenizer, "model_max_length", None))
+
+
+def fit_prompts_to_context(
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    max_new_tokens: int,
+    context: int | None,
+    overflow: PromptOverflow = "error",
+    setting: str = "sampler.prompt_overflow",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Make every left-padded prompt fit ``context`` together with ``max_new_tokens`` response tokens.
+
+    Args:
+        prompt_ids: [P, Lp] left-padded prompt tokens.
+        prompt_mask: [P, Lp] 1 on real prompt tokens.
+        max_new_tokens: the response budget.
+        context: the context length (None: unknown, nothing is checked).
+        overflow: ``"error"`` raises naming the first overflowing prompt; ``"truncate"`` and ``"skip"`` both
+            keep the last ``context - max_new_tokens`` tokens of every overflowing prompt (the caller leaves
+            skipped prompts out of learning).
+        setting: the setting's name, for the error message.
+
+    Returns:
+        prompt_ids: [P, Lp'] with Lp' = min(Lp, context - max_new_tokens) when anything overflows.
+        prompt_mask: [P, Lp'].
+        overflowed: [P] bool, True for the prompts that were (or would have been) cut.
+    """
+    if overflow not in PROMPT_OVERFLOWS:
+        raise ValueError(f"{setting} must be one of {list(PROMPT_OVERFLOWS)}, got {overflow!r}")
+    lengths = prompt_mask.sum(-1)  # [P]
+    if context is None:
+        return prompt_ids, prompt_mask, lengths < 0  # [P, Lp], [P, Lp], [P] all False
+    budget = context - max_new_tokens
+    overflowed = lengths > budget  # [P]
+    if not bool(overflowed.any()):
+        return prompt_ids, prompt_mask, overflowed
+    first = int(overflowed.nonzero()[0, 0])
+    if overflow == "error" or budget < 1:
+        reason = (
+            f"set {setting} to 'truncate' or 'skip' (allowed: {list(PROMPT_OVERFLOWS)}), shorten the prompt or "
+            "lower max_new_tokens"
+            if budget >= 1
+            else "lower max_new_tokens: no prompt token would fit"
+        )
+        raise ValueError(
+            f"prompt {first} of the batch has {int(lengths[first])} tokens; with max_new_tokens={max_new_tokens} "
+            f"it needs {int(lengths[first]) + max_new_tokens} > the policy's context length {context} "
+            f"({int(overflowed.sum())} prompt(s) of the batch overflow; {setting}={overflow!r}): {reason}"
+        )
+    # Left padding puts every prompt's real tokens at the right end, so the last `budget` columns hold the
+    # last `budget` tokens of an overflowing prompt and the whole of every other one.
+    return prompt_ids[:, -budget:], prompt_mask[:, -budget:], overflowed  # [P, budget] x2, [P]

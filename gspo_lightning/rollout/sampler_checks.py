@@ -1,0 +1,86 @@
+"""Early checks of the GroupSampler's settings and of what the trainer hands it, before any model is built."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
+from gspo_lightning.rewards.scoring import REWARD_ERRORS
+from gspo_lightning.rollout.minibatches import check_divisible
+from gspo_lightning.rollout.prompts import PROMPT_OVERFLOWS
+from gspo_lightning.validation import require
+
+
+def validate_sampling(
+    rewards: Sequence[Any],
+    reward_weights: Sequence[float] | None,
+    group_size: int,
+    num_minibatches: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+) -> None:
+    """Rewards, group size, K and the sampling settings."""
+    require(len(rewards) > 0, "sampler.rewards must name at least one reward function")
+    require(
+        reward_weights is None or len(reward_weights) == len(rewards),
+        f"sampler.reward_weights has {len(reward_weights or [])} values for {len(rewards)} rewards",
+    )
+    require(group_size >= 2, f"sampler.group_size must be >= 2 (advantages compare a group), got {group_size}")
+    require(num_minibatches >= 1, f"sampler.num_minibatches must be >= 1, got {num_minibatches}")
+    require(max_new_tokens >= 1, f"sampler.max_new_tokens must be >= 1, got {max_new_tokens}")
+    require(temperature > 0, f"sampler.temperature must be > 0, got {temperature}")
+    require(0 < top_p <= 1, f"sampler.top_p must be in (0, 1], got {top_p}")
+    require(top_k >= 0, f"sampler.top_k must be >= 0 (0 disables it), got {top_k}")
+
+
+def validate_robustness(
+    reward_timeout_s: float | None, reward_isolation: str, reward_errors: str, prompt_overflow: str
+) -> None:
+    """How misbehaving reward functions and overlong prompts are handled."""
+    require(
+        reward_isolation in REWARD_ISOLATIONS,
+        f"sampler.reward_isolation must be one of {list(REWARD_ISOLATIONS)}, got {reward_isolation!r}",
+    )
+    require(
+        reward_errors in REWARD_ERRORS,
+        f"sampler.reward_errors must be one of {list(REWARD_ERRORS)}, got {reward_errors!r}",
+    )
+    require(
+        prompt_overflow in PROMPT_OVERFLOWS,
+        f"sampler.prompt_overflow must be one of {list(PROMPT_OVERFLOWS)}, got {prompt_overflow!r}",
+    )
+    number = isinstance(reward_timeout_s, int | float) and not isinstance(reward_timeout_s, bool)
+    require(
+        reward_timeout_s is None or (number and reward_timeout_s > 0),
+        f"sampler.reward_timeout_s must be a number of seconds > 0, or null (no limit), got {reward_timeout_s!r}",
+    )
+    require(
+        reward_timeout_s is None or reward_isolation != "none",
+        f"sampler.reward_timeout_s={reward_timeout_s} needs sampler.reward_isolation 'thread' or 'process': "
+        "with 'none' a reward function is called directly and cannot be stopped; set reward_timeout_s: null "
+        "to call it without a time limit",
+    )
+
+
+def check_rollout_shape(datamodule: Any, group_size: int, num_minibatches: int) -> None:
+    """K must divide P x G, when the data module says what P is (``prompts_per_rollout``)."""
+    prompts = getattr(datamodule, "prompts_per_rollout", None) if datamodule is not None else None
+    if prompts is not None:
+        check_divisible(prompts * group_size, num_minibatches)
+
+
+def check_chat_template(datamodule: Any, tokenizer: Any) -> None:
+    """Chat prompts need a tokenizer with a chat template; checked as soon as both are known."""
+    formatter = getattr(datamodule, "formatter", None) if datamodule is not None else None
+    if tokenizer is None or not getattr(formatter, "chat", False):
+        return
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "the data module builds chat prompts (data.init_args.chat_template: true) but the policy's "
+            "tokenizer has no chat template: set data.init_args.chat_template: false (and put the instruction "
+            "into data.init_args.prompt_template), or use a policy whose tokenizer defines a chat template "
+            "(an instruct/chat checkpoint)"
+        )
