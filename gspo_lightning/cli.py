@@ -42,8 +42,9 @@ class GSPOCLI(LightningCLI):
         self._fit_started = time.perf_counter()
 
     def after_fit(self) -> None:
+        summary = self.summary(time.perf_counter() - self._fit_started)  # every rank: log_dir is a collective
         if rank_zero_only.rank == 0:
-            print(self.summary(time.perf_counter() - self._fit_started), flush=True)
+            print(summary, flush=True)
 
     def summary(self, seconds: float) -> str:
         """What a user wants to know when the run ends: did it learn, and where are the files."""

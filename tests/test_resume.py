@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.test_cli import ROOT, tiny_run_config
 
@@ -72,3 +73,23 @@ def test_resumed_run_equals_an_uninterrupted_run(
     assert set(after) == set(range(resumed_from, STEPS))
     assert {step: uninterrupted[step] for step in after} == after  # bitwise: the CSV holds full-precision reprs
     assert len({row["train/loss"] for row in after.values()}) > 1  # a real, changing signal was compared
+
+
+@pytest.mark.slow
+def test_two_rank_ddp_resume_restores_every_ranks_round(tmp_path):
+    """Each rank samples its own prompts: its partly consumed round and generators must come back to it."""
+    config = _config(tmp_path, checkpoint_every=5)
+    settings = yaml.safe_load(config.read_text())
+    settings["trainer"]["callbacks"][0]["init_args"]["save_top_k"] = -1  # keep the mid-round step-10 checkpoint
+    config.write_text(yaml.safe_dump(settings))
+    ddp = ("--trainer.strategy=ddp", "--trainer.devices=2")
+    reference = _run(config, *ddp)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = _per_step(tmp_path / "runs/tiny/version_0")
+
+    checkpoint = tmp_path / "ckpt/epoch=0-step=10.ckpt"
+    resumed = _run(config, *ddp, f"--ckpt_path={checkpoint}", "--trainer.logger.init_args.version=1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = _per_step(tmp_path / "runs/tiny/version_1")
+    assert min(after) == 10 and set(after) == set(range(10, STEPS))
+    assert {step: expected[step] for step in after} == after

@@ -33,6 +33,7 @@ from gspo_lightning.rollout.generation import (
 )
 from gspo_lightning.rollout.minibatches import check_divisible, split_minibatches
 from gspo_lightning.rollout.prompts import PromptOverflow, context_length, fit_prompts_to_context
+from gspo_lightning.rollout.rank_state import gather_per_rank, select_rank
 from gspo_lightning.rollout.rng import restore_rng_states, rng_states
 from gspo_lightning.rollout.sampler_checks import (
     check_chat_template,
@@ -247,18 +248,20 @@ class GroupSampler(Callback):
         return prompt_ids, prompt_mask, cut.repeat_interleave(self.group_size, dim=0)  # [N, Lp'] x2, [N]
 
     def state_dict(self) -> dict[str, Any]:
-        """The partly consumed round and the random generators travel with the checkpoint, so a resumed run
-        trains on the same data and draws the same samples as an uninterrupted one."""
-        return {
+        """Each rank's partly consumed round and random generators travel with the checkpoint, so a resumed
+        run trains on the same data and draws the same samples as an uninterrupted one."""
+        local = {
             "rollout_index": self._rollout_index,
             "minibatches": [{k: v.cpu() for k, v in mb.tensors().items()} for mb in self._minibatches],
             "stats": self._stats,
             "rng": rng_states(),
         }
+        return {"per_rank": gather_per_rank(local)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._rollout_index = state_dict["rollout_index"]
-        self._minibatches = [Minibatch(**fields) for fields in state_dict["minibatches"]]
-        self._stats = state_dict["stats"]
-        self._pending_rng = state_dict.get("rng")
+        local = select_rank(state_dict["per_rank"], "GroupSampler")
+        self._rollout_index = local["rollout_index"]
+        self._minibatches = [Minibatch(**fields) for fields in local["minibatches"]]
+        self._stats = local["stats"]
+        self._pending_rng = local["rng"]
 
