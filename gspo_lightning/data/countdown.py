@@ -13,9 +13,7 @@ import random
 import zlib
 from collections.abc import Iterator
 
-import datasets
-
-from gspo_lightning.data.sources import PromptSource, _check_eval_size
+from gspo_lightning.data.sources import GeneratedTask
 
 HELDOUT_ONE_IN = 32  # 1/32 of all problems are held out
 # Give up after this many draws in a row that land on the wrong side of the split (a degenerate problem space).
@@ -82,7 +80,7 @@ def countdown_problems(
         yield {"numbers": text, "target": str(target)}
 
 
-class CountdownTask(PromptSource):
+class CountdownTask(GeneratedTask):
     """Generated Countdown problems (columns ``numbers`` and ``target``), scored by ``CountdownAnswer``."""
 
     def __init__(
@@ -102,23 +100,12 @@ class CountdownTask(PromptSource):
                 never sees, whatever the seed.
             seed: Seed of the problem generator.
         """
-        if train_size < 1:
-            raise ValueError(f"train_size must be >= 1, got {train_size}")
-        _check_eval_size(eval_size)
+        super().__init__(train_size, eval_size, seed)
         # Draw one problem of each side so that bad settings fail here, not at load time.
         next(countdown_problems(1, num_numbers=num_numbers, max_number=max_number, seed=seed))
         next(countdown_problems(1, num_numbers=num_numbers, max_number=max_number, seed=seed, heldout=True))
         self.num_numbers = num_numbers
         self.max_number = max_number
-        self.train_size = train_size
-        self.eval_size = eval_size
-        self.seed = seed
 
-    def load(self) -> datasets.DatasetDict:
-        def problems(count: int, heldout: bool) -> datasets.Dataset:
-            rows = countdown_problems(count, self.num_numbers, self.max_number, seed=self.seed, heldout=heldout)
-            return datasets.Dataset.from_list(list(rows))
-
-        return datasets.DatasetDict(
-            train=problems(self.train_size, heldout=False), eval=problems(self.eval_size, heldout=True)
-        )
+    def problems(self, count: int, heldout: bool) -> Iterator[dict[str, str]]:
+        return countdown_problems(count, self.num_numbers, self.max_number, seed=self.seed, heldout=heldout)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 
 import datasets
 
@@ -31,6 +32,33 @@ class PromptSource(ABC):
 def _check_eval_size(eval_size: int) -> None:
     if eval_size < 1:
         raise ValueError(f"eval_size must be >= 1 (rows in the held-out split), got {eval_size}")
+
+
+class GeneratedTask(PromptSource):
+    """A task whose problems come from a seeded generator with a fixed held-out side (train/eval never overlap).
+
+    Subclasses implement ``problems(count, heldout)``; this class checks the sizes and builds the splits.
+    """
+
+    def __init__(self, train_size: int, eval_size: int, seed: int) -> None:
+        if train_size < 1:
+            raise ValueError(f"train_size must be >= 1, got {train_size}")
+        _check_eval_size(eval_size)
+        self.train_size = train_size
+        self.eval_size = eval_size
+        self.seed = seed
+
+    @abstractmethod
+    def problems(self, count: int, heldout: bool) -> Iterator[dict[str, str]]:
+        """``count`` rows from the training side (``heldout=False``) or the held-out side of the task."""
+
+    def load(self) -> datasets.DatasetDict:
+        def split(count: int, heldout: bool) -> datasets.Dataset:
+            return datasets.Dataset.from_list(list(self.problems(count, heldout)))
+
+        return datasets.DatasetDict(
+            train=split(self.train_size, heldout=False), eval=split(self.eval_size, heldout=True)
+        )
 
 
 class LoadDataset(PromptSource):
@@ -122,7 +150,7 @@ class LoadDataset(PromptSource):
         return splits[wanted]
 
 
-class ArithmeticTask(PromptSource):
+class ArithmeticTask(GeneratedTask):
     """Generated multi-digit arithmetic problems with exact answers (the quick-start task)."""
 
     def __init__(
@@ -142,26 +170,15 @@ class ArithmeticTask(PromptSource):
                 never sees, whatever the seed.
             seed: Seed of the problem generator.
         """
-        if train_size < 1:
-            raise ValueError(f"train_size must be >= 1, got {train_size}")
-        _check_eval_size(eval_size)
+        super().__init__(train_size, eval_size, seed)
         # Draw one problem so that bad num_digits/operations fail here, not at load time.
         next(arithmetic_problems(1, num_digits=num_digits, operations=operations, seed=seed))
         _check_heldout_side_exists(num_digits, operations)
         self.num_digits = num_digits
         self.operations = operations
-        self.train_size = train_size
-        self.eval_size = eval_size
-        self.seed = seed
 
-    def load(self) -> datasets.DatasetDict:
-        def problems(count: int, heldout: bool) -> datasets.Dataset:
-            rows = arithmetic_problems(count, self.num_digits, self.operations, seed=self.seed, heldout=heldout)
-            return datasets.Dataset.from_list(list(rows))
-
-        return datasets.DatasetDict(
-            train=problems(self.train_size, heldout=False), eval=problems(self.eval_size, heldout=True)
-        )
+    def problems(self, count: int, heldout: bool) -> Iterator[dict[str, str]]:
+        return arithmetic_problems(count, self.num_digits, self.operations, seed=self.seed, heldout=heldout)
 
 
 def _check_heldout_side_exists(num_digits: int, operations: str) -> None:

@@ -20,6 +20,7 @@ from gspo_lightning.rollout.generation import (
     response_mask_until_eos,
 )
 from gspo_lightning.rollout.prompts import PROMPT_OVERFLOWS, PromptOverflow, context_length, fit_prompts_to_context
+from gspo_lightning.validation import require
 
 
 class HeldOutEvaluation(Callback):
@@ -48,14 +49,12 @@ class HeldOutEvaluation(Callback):
         max_new_tokens: int = 256,
         prompt_overflow: PromptOverflow = "error",
     ) -> None:
-        if every_n_steps < 0:
-            raise ValueError(f"evaluation.every_n_steps must be >= 0 (0 disables it), got {every_n_steps}")
-        if max_new_tokens < 1:
-            raise ValueError(f"evaluation.max_new_tokens must be >= 1, got {max_new_tokens}")
-        if prompt_overflow not in PROMPT_OVERFLOWS:
-            raise ValueError(
-                f"evaluation.prompt_overflow must be one of {list(PROMPT_OVERFLOWS)}, got {prompt_overflow!r}"
-            )
+        require(every_n_steps >= 0, f"evaluation.every_n_steps must be >= 0 (0 disables it), got {every_n_steps}")
+        require(max_new_tokens >= 1, f"evaluation.max_new_tokens must be >= 1, got {max_new_tokens}")
+        require(
+            prompt_overflow in PROMPT_OVERFLOWS,
+            f"evaluation.prompt_overflow must be one of {list(PROMPT_OVERFLOWS)}, got {prompt_overflow!r}",
+        )
         self.prompt_overflow = prompt_overflow
         self.correct = correct
         self.every_n_steps = every_n_steps
