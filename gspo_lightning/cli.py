@@ -56,7 +56,7 @@ class GSPOCLI(LightningCLI):
         if evaluation.history:
             (first_step, first), (last_step, last) = evaluation.history[0], evaluation.history[-1]
             lines.append(
-                f"held-out greedy accuracy: {first:.1%} (step {first_step}) -> {last:.1%} (step {last_step}), "
+                f"{evaluation.description}: {first:.1%} (step {first_step}) -> {last:.1%} (step {last_step}), "
                 f"{(last - first) * 100:+.1f} points"
             )
         lines.append(f"optimizer steps: {trainer.global_step}   time: {seconds:.0f} s")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,17 +12,61 @@ import pytest
 import yaml
 
 from gspo_lightning.cli import main
+from gspo_lightning.data import LoadDataset, SampleDataset
+from gspo_lightning.data.formatting import template_fields
+from gspo_lightning.data.sample_data import available_samples, sample_path
 from tests.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
+def _class_name(spec: dict | None) -> str:
+    return str((spec or {}).get("class_path", "")).rsplit(".", 1)[-1]
+
+
+def _sample_for(hub_path: str, template: str) -> str:
+    """The packaged sample standing in for a hub data set: the one named in its path (``openai/gsm8k`` ->
+    ``gsm8k``), else the first whose columns cover the prompt template's fields."""
+    fields = set(template_fields(template))
+    first_rows = {name: json.loads(sample_path(name).read_text().splitlines()[0]) for name in available_samples()}
+    covering = [name for name, row in first_rows.items() if fields <= set(row)]
+    named = [name for name in covering if name in hub_path.lower()]
+    assert covering, f"no packaged sample has the columns {sorted(fields)} for {hub_path!r}: add one"
+    return (named or covering)[0]
+
+
+def offline_overrides(config: Path, pretrained_dir: Path) -> list[str]:
+    """Command-line overrides that keep a config off the network and change nothing else: a ``Pretrained``
+    hub model becomes the tiny local checkpoint, a hub ``LoadDataset`` the packaged sample with its columns."""
+    raw = yaml.safe_load(config.read_text())
+    overrides = []
+    if _class_name(raw["model"]["init_args"].get("policy")) == "Pretrained":
+        overrides.append(f"--model.init_args.policy.init_args.name_or_path={pretrained_dir}")
+    data = raw["data"]["init_args"]
+    source = data.get("source") or {}
+    path = str(source.get("init_args", {}).get("path", ""))
+    if _class_name(source) == "LoadDataset" and not (ROOT / path).exists():
+        LoadDataset(**source["init_args"])  # the swapped-out settings must still be valid (this reads nothing)
+        sample = _sample_for(path, data.get("prompt_template", "{question}"))
+        swapped = {"class_path": "gspo_lightning.data.SampleDataset", "init_args": {"name": sample, "eval_size": 4}}
+        overrides.append(f"--data.init_args.source={json.dumps(swapped)}")
+    return overrides
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
-def test_every_config_parses_and_instantiates(config, tmp_path, monkeypatch):
+def test_every_config_parses_and_instantiates(config, tmp_path, monkeypatch, tiny_pretrained_dir):
     monkeypatch.chdir(tmp_path)
-    cli = main(["-c", str(config)], run=False)
+    overrides = offline_overrides(config, tiny_pretrained_dir)
+    cli = main(["-c", str(config), *overrides], run=False)
     assert cli.model is not None and cli.datamodule is not None and cli.trainer is not None
+    if any(".policy." in override for override in overrides):
+        cli.model.configure_model()  # the Pretrained loader, against a save_pretrained directory
+        assert cli.model.policy is not None
+    if any(".source=" in override for override in overrides):
+        # The sample has the hub data set's columns: the prompt template must fit them.
+        assert isinstance(cli.datamodule.source, SampleDataset)
+        cli.datamodule.setup("fit")
 
 
 def test_links_carry_command_line_overrides(tmp_path, monkeypatch):

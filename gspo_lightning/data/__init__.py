@@ -3,6 +3,15 @@
 from gspo_lightning.data.countdown import CountdownTask
 from gspo_lightning.data.datamodule import PromptDataModule
 from gspo_lightning.data.formatting import PromptFormatter
+from gspo_lightning.data.sample_data import SampleDataset
 from gspo_lightning.data.sources import ArithmeticTask, LoadDataset, PromptSource
 
-__all__ = ["ArithmeticTask", "CountdownTask", "LoadDataset", "PromptDataModule", "PromptFormatter", "PromptSource"]
+__all__ = [
+    "ArithmeticTask",
+    "CountdownTask",
+    "LoadDataset",
+    "PromptDataModule",
+    "PromptFormatter",
+    "PromptSource",
+    "SampleDataset",
+]

@@ -7,20 +7,34 @@ It is a plain ``PreTrainedTokenizerFast`` backed by a ``tokenizers.Tokenizer``, 
 
 from __future__ import annotations
 
+import string
+
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 DEFAULT_ALPHABET = "0123456789+-*=() "
+# Every printable ASCII character plus newline: enough for English word problems rendered in a chat template.
+ASCII_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
+# A minimal chat template for tests and CPU demos: "role: content" lines, then "assistant: " to answer after.
+SIMPLE_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)  # order fixes their ids: 0, 1, 2
 
 
-def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET, model_max_length: int = 1024) -> PreTrainedTokenizerFast:
+def build_char_tokenizer(
+    alphabet: str = DEFAULT_ALPHABET, model_max_length: int = 1024, chat_template: str | None = None
+) -> PreTrainedTokenizerFast:
     """Build a character-level tokenizer: one token per character of ``alphabet``.
 
     Args:
         alphabet: the characters the tokenizer knows, each once; any other character encodes to ``<unk>``.
         model_max_length: the longest sequence the model accepts (stored in the tokenizer's config).
+        chat_template: a Jinja chat template (``tokenizer.chat_template``), so that chat prompts can be
+            rendered; None for none. The text it renders is tokenized character by character too, so
+            ``alphabet`` must cover it.
 
     Returns:
         A left-padding tokenizer with pad ``<pad>`` (0), eos ``<eos>`` (1), unk ``<unk>`` (2) and no BOS;
@@ -38,7 +52,7 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET, model_max_length: int
     # pre-tokenizer; Fuse() then decodes by plain concatenation instead of joining tokens with spaces.
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
     backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
@@ -48,3 +62,6 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET, model_max_length: int
         # the default clean-up would alter spaces around punctuation, breaking the round trip
         clean_up_tokenization_spaces=False,
     )
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template  # saved and reloaded by save_pretrained / from_pretrained
+    return tokenizer

@@ -134,6 +134,7 @@ class TinyQwen3(PolicyLoader):
         max_position_embeddings: int = 64,
         alphabet: str = DEFAULT_ALPHABET,
         seed: int = 0,
+        chat_template: str | None = None,
     ) -> None:
         """Configure the model's shape and initialisation.
 
@@ -146,6 +147,9 @@ class TinyQwen3(PolicyLoader):
             max_position_embeddings: longest sequence (prompt + response) the model handles.
             alphabet: characters of the character-level tokenizer.
             seed: seed of the random initialisation (the global RNG is left untouched).
+            chat_template: a Jinja chat template for the tokenizer, for chat prompts (data
+                ``chat_template: true``); None for none. ``alphabet`` must cover the characters it and the
+                prompts render to.
         """
         sizes = {
             "hidden_size": hidden_size,
@@ -170,14 +174,24 @@ class TinyQwen3(PolicyLoader):
         self.max_position_embeddings = max_position_embeddings
         self.alphabet = alphabet
         self.seed = seed
+        self.chat_template = chat_template
 
     def settings(self) -> dict[str, Any]:
-        """The constructor arguments: everything that determines the model (used as a cache key)."""
-        return {name: getattr(self, name) for name in _TINY_SETTINGS}
+        """The constructor arguments: everything that determines the model (used as a cache key).
+
+        ``chat_template`` is included only when set, so that the keys of existing caches (made before it
+        existed) stay valid; a cache keeps the tokenizer too, so a template does belong in the key.
+        """
+        settings = {name: getattr(self, name) for name in _TINY_SETTINGS}
+        if self.chat_template is not None:
+            settings["chat_template"] = self.chat_template
+        return settings
 
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
-        """The character tokenizer over ``alphabet``."""
-        return build_char_tokenizer(self.alphabet, model_max_length=self.max_position_embeddings)
+        """The character tokenizer over ``alphabet``, with ``chat_template`` if set."""
+        return build_char_tokenizer(
+            self.alphabet, model_max_length=self.max_position_embeddings, chat_template=self.chat_template
+        )
 
     def load_model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
         """A freshly initialised float32 ``Qwen3ForCausalLM`` sized for ``tokenizer``'s vocabulary."""

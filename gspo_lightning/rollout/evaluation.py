@@ -1,17 +1,27 @@
-"""HeldOutEvaluation: greedy accuracy on the held-out prompts, at step 0, every n steps and at the end."""
+"""HeldOutEvaluation: greedy accuracy or sampled pass@k on the held-out prompts, at step 0, every n steps and
+at the end."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from torchmetrics import MeanMetric
+from torch import Tensor
 
+from gspo_lightning.metrics import PassAtK
 from gspo_lightning.rewards.scoring import score_completions
 from gspo_lightning.rollout.context import inference_context, parameters_are_sharded
+from gspo_lightning.rollout.eval_sampling import (
+    count_solved,
+    evaluation_seed,
+    isolated_rng,
+    metric_device,
+    repeat_each,
+    validate_evaluation,
+)
 from gspo_lightning.rollout.generation import (
     SamplingSettings,
     decode_responses,
@@ -19,25 +29,43 @@ from gspo_lightning.rollout.generation import (
     generate_responses,
     response_mask_until_eos,
 )
-from gspo_lightning.rollout.prompts import PROMPT_OVERFLOWS, PromptOverflow, context_length, fit_prompts_to_context
-from gspo_lightning.validation import require
+from gspo_lightning.rollout.prompts import PromptOverflow, context_length, fit_prompts_to_context
+from gspo_lightning.rollout.types import PromptBatch
 
 
 class HeldOutEvaluation(Callback):
-    """Measures greedy accuracy on the data module's held-out prompts and logs it as ``eval/accuracy``.
+    """Measures the policy on the data module's held-out prompts: greedy accuracy, or sampled pass@k.
+
+    With ``samples_per_prompt`` 1 (the default) each prompt is decoded once, greedily, and ``eval/accuracy`` is
+    the fraction solved. With n = ``samples_per_prompt`` > 1 each prompt is sampled n times (at
+    ``temperature``/``top_p``/``top_k``) and, for each k of ``pass_k``, ``eval/pass@<k>`` is the unbiased
+    estimate of pass@k from n samples (Chen et al. 2021); ``eval/accuracy`` is then pass@1, the mean fraction
+    of solved samples. The sampling draws from generators seeded by (``seed``, global step, rank) and restored
+    afterwards: it never moves the training run's random stream, and a resumed run redraws the same samples.
 
     The data module must provide ``heldout_dataloader()`` yielding ``PromptBatch`` objects (each rank its own
-    share: the metric is reduced across ranks by torchmetrics).
+    share: the metrics are reduced across ranks by torchmetrics).
 
     Args:
-        correct: a reward function returning 1.0 for a correct completion and 0.0 otherwise.
+        correct: a reward function scoring each completion; a completion is solved when its score is >=
+            ``solved_at`` (e.g. 1.0 from an exact-answer check, or the fraction of unit tests passed).
         every_n_steps: also evaluate every n optimizer steps (0: only at the start and the end).
         at_start: evaluate before the first update (step 0).
         at_end: evaluate after the last update.
-        max_new_tokens: longest greedy response.
+        max_new_tokens: longest response.
         prompt_overflow: a prompt whose tokens plus ``max_new_tokens`` exceed the policy's context: ``error``
             stops, ``truncate`` keeps its last tokens (as the sampler does), ``skip`` truncates it and leaves it
-            out of the accuracy.
+            out of the metrics.
+        samples_per_prompt: n, responses per held-out prompt. 1: one greedy decode (``eval/accuracy`` only);
+            > 1: n samples, generated in one batch of (eval batch size x n) rows (lower the data module's
+            ``eval_batch_size`` if that does not fit in memory).
+        temperature: sampling temperature (> 0), used only when ``samples_per_prompt`` > 1.
+        top_p: nucleus sampling threshold in (0, 1], used only when ``samples_per_prompt`` > 1.
+        top_k: top-k sampling (0 disables it), used only when ``samples_per_prompt`` > 1.
+        pass_k: the k's logged as ``eval/pass@<k>`` when ``samples_per_prompt`` > 1; each in
+            [1, samples_per_prompt].
+        solved_at: the ``correct`` score from which a completion counts as solved.
+        seed: seeds the evaluation's sampling together with the global step and the rank.
     """
 
     def __init__(
@@ -48,21 +76,52 @@ class HeldOutEvaluation(Callback):
         at_end: bool = True,
         max_new_tokens: int = 256,
         prompt_overflow: PromptOverflow = "error",
+        samples_per_prompt: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        pass_k: Sequence[int] = (1,),
+        solved_at: float = 1.0,
+        seed: int = 0,
     ) -> None:
-        require(every_n_steps >= 0, f"evaluation.every_n_steps must be >= 0 (0 disables it), got {every_n_steps}")
-        require(max_new_tokens >= 1, f"evaluation.max_new_tokens must be >= 1, got {max_new_tokens}")
-        require(
-            prompt_overflow in PROMPT_OVERFLOWS,
-            f"evaluation.prompt_overflow must be one of {list(PROMPT_OVERFLOWS)}, got {prompt_overflow!r}",
+        validate_evaluation(
+            every_n_steps,
+            max_new_tokens,
+            prompt_overflow,
+            samples_per_prompt,
+            temperature,
+            top_p,
+            top_k,
+            pass_k,
+            solved_at,
+            seed,
         )
         self.prompt_overflow = prompt_overflow
         self.correct = correct
         self.every_n_steps = every_n_steps
         self.at_start = at_start
         self.at_end = at_end
-        self.settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=0.0)
+        self.samples_per_prompt = samples_per_prompt
+        self.pass_k = tuple(pass_k)
+        self.solved_at = solved_at
+        self.seed = seed
+        sampled = samples_per_prompt > 1
+        self.settings = (
+            SamplingSettings(max_new_tokens, temperature, top_p, top_k)
+            if sampled
+            else SamplingSettings(max_new_tokens=max_new_tokens, temperature=0.0)
+        )
         self.history: list[tuple[int, float]] = []
         """(global step, accuracy) of every evaluation so far, resumed runs included."""
+
+    @property
+    def description(self) -> str:
+        """What ``eval/accuracy`` measures, for summaries."""
+        if self.samples_per_prompt == 1:
+            return "held-out greedy accuracy"
+        return (
+            f"held-out pass@1 ({self.samples_per_prompt} samples per prompt, temperature {self.settings.temperature})"
+        )
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not callable(getattr(trainer.datamodule, "heldout_dataloader", None)):
@@ -92,34 +151,61 @@ class HeldOutEvaluation(Callback):
         return bool(self.history) and self.history[-1][0] == step
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float:
-        """Greedy-decode every held-out prompt of this rank, score it, reduce across ranks, log, record."""
-        accuracy = MeanMetric().to(pl_module.device)
-        synced = parameters_are_sharded(trainer)
-        with inference_context(trainer):
+        """Decode every held-out prompt of this rank n times, score it, reduce across ranks, log, record.
+
+        Returns ``eval/accuracy`` (the fraction of solved samples, pass@1).
+        """
+        # pass@1 is eval/accuracy, so it is always estimated, logged as pass@1 or not.
+        metric = PassAtK(sorted({1, *self.pass_k})).to(metric_device(pl_module.device))
+        rank = getattr(trainer, "global_rank", 0)
+        seed = evaluation_seed(self.seed, trainer.global_step, rank)
+        with isolated_rng(seed, pl_module.device), inference_context(trainer):
             for batch in trainer.datamodule.heldout_dataloader():
-                prompt_ids, prompt_mask = encode_prompts(pl_module.tokenizer, batch.prompts, pl_module.device)
-                prompt_ids, prompt_mask, cut = fit_prompts_to_context(
-                    prompt_ids,
-                    prompt_mask,
-                    self.settings.max_new_tokens,
-                    context_length(pl_module.policy, pl_module.tokenizer),
-                    self.prompt_overflow,
-                    setting="evaluation.prompt_overflow",
-                )  # [P, Lp'], [P, Lp'], [P]
-                response_ids = generate_responses(
-                    pl_module.policy, pl_module.tokenizer, prompt_ids, prompt_mask, self.settings, synced
-                )  # [P, R]
-                response_mask, _ = response_mask_until_eos(response_ids, pl_module.tokenizer.eos_token_id)
-                completions = decode_responses(pl_module.tokenizer, response_ids, response_mask)
-                scores, _ = score_completions([self.correct], [1.0], batch.prompts, completions, batch.columns)
-                counted = (~cut if self.prompt_overflow == "skip" else torch.ones_like(cut)).cpu()  # [P] bool
+                num_correct, counted = self._score_batch(trainer, pl_module, batch)  # [P], [P] bool
                 if bool(counted.any()):
-                    accuracy.update(scores[counted].to(pl_module.device))
-        value = float(accuracy.compute())
-        self.history.append((trainer.global_step, value))
+                    metric.update(num_correct[counted].to(metric.device), self.samples_per_prompt)
+        values = {name: float(value) for name, value in metric.compute().items()}
+        accuracy = values["pass@1"]
+        metrics = {"eval/accuracy": accuracy}
+        if self.samples_per_prompt > 1:
+            metrics |= {f"eval/pass@{k}": values[f"pass@{k}"] for k in self.pass_k}
+        self.history.append((trainer.global_step, accuracy))
         for logger in trainer.loggers:
-            logger.log_metrics({"eval/accuracy": value}, step=trainer.global_step)
-        return value
+            logger.log_metrics(metrics, step=trainer.global_step)
+        return accuracy
+
+    def _score_batch(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch
+    ) -> tuple[Tensor, Tensor]:
+        """Solved samples per prompt [P] and which prompts count [P] bool (not skipped), both on the CPU."""
+        n = self.samples_per_prompt
+        prompt_ids, prompt_mask = encode_prompts(pl_module.tokenizer, batch.prompts, pl_module.device)
+        prompt_ids, prompt_mask, cut = fit_prompts_to_context(
+            prompt_ids,
+            prompt_mask,
+            self.settings.max_new_tokens,
+            context_length(pl_module.policy, pl_module.tokenizer),
+            self.prompt_overflow,
+            setting="evaluation.prompt_overflow",
+        )  # [P, Lp'], [P, Lp'], [P]
+        # n copies of each prompt in a row, one generate call: the n samples of a prompt are rows i*n .. i*n+n-1.
+        response_ids = generate_responses(
+            pl_module.policy,
+            pl_module.tokenizer,
+            prompt_ids.repeat_interleave(n, dim=0),  # [P * n, Lp']
+            prompt_mask.repeat_interleave(n, dim=0),  # [P * n, Lp']
+            self.settings,
+            parameters_are_sharded(trainer),
+        )  # [P * n, R]
+        response_mask, _ = response_mask_until_eos(response_ids, pl_module.tokenizer.eos_token_id)  # [P * n, R]
+        completions = decode_responses(pl_module.tokenizer, response_ids, response_mask)
+        columns = {name: repeat_each(values, n) for name, values in batch.columns.items()}
+        scores, _ = score_completions(
+            [self.correct], [1.0], repeat_each(batch.prompts, n), completions, columns
+        )  # [P * n]
+        num_correct = count_solved(scores, n, self.solved_at)  # [P]
+        counted = (~cut if self.prompt_overflow == "skip" else torch.ones_like(cut)).cpu()  # [P] bool
+        return num_correct, counted
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": list(self.history)}
