@@ -20,6 +20,7 @@ from gspo_lightning.models import PolicyLoader
 from gspo_lightning.objectives import ObjectiveSpec, objective_loss, resolve_objective
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
 from gspo_lightning.step_metrics import log_step_metrics
+from gspo_lightning.strategies import is_fsdp1, shard_for_strategy
 from gspo_lightning.validation import require
 
 # The policy stays in eval mode on purpose (see configure_model); Lightning's notice about it is noise here.
@@ -90,8 +91,10 @@ class GSPOModule(pl.LightningModule):
         # Eval mode for good: dropout off, so pi_old and pi_theta are the same deterministic function of the
         # weights and the first minibatch of every round is exactly on-policy (ratio 1).
         self.policy = self.policy_loader.load_model(self.tokenizer).eval()
-        if self.objective.kl_coef > 0:
+        if self.objective.kl_coef > 0:  # copied before sharding: every rank holds the whole frozen reference
             self._reference = [copy.deepcopy(self.policy).requires_grad_(False).eval()]
+        if self._trainer is not None:  # FSDP2 shards here; FSDP1 wraps afterwards; DDP replicates
+            shard_for_strategy(self.policy, self.trainer.strategy, self.device_mesh)
 
     def on_fit_start(self) -> None:
         self.policy.eval()
@@ -124,10 +127,21 @@ class GSPOModule(pl.LightningModule):
         log_step_metrics(self, loss, stats, logprobs.detach(), minibatch, batch.minibatch_index)
         return loss
 
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+    ) -> None:
+        # FSDP1's precision plugin refuses norm clipping: the wrapped root computes the norm across shards.
+        if is_fsdp1(self.trainer.strategy) and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+            return
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self) -> dict:
-        optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay
-        )
+        # Only what trains: frozen weights (the base under LoRA) get no AdamW state and no weight decay.
+        trainable = [parameter for parameter in self.policy.parameters() if parameter.requires_grad]
+        if not trainable:
+            raise ValueError("model.policy has no parameter that requires grad: nothing to train")
+        optimizer = torch.optim.AdamW(trainable, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
         warmup = max(self.hparams.warmup_steps, 1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

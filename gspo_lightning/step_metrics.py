@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
 from gspo_lightning.diagnostics import length_bucket_edges, ratio_diagnostics, sequence_ratios
+from gspo_lightning.metric_logging import log_across_ranks
 from gspo_lightning.rollout.types import Minibatch
 
 _RATIO_LEVEL = {"sequence": "sequence", "sequence_token": "sequence", "token": "token"}
@@ -35,11 +36,11 @@ def log_step_metrics(
         ratio_level=_RATIO_LEVEL[module.objective.ratio],
         length_edges=length_bucket_edges(module.hparams.max_new_tokens),
     )
-    module.log("train/loss", loss.detach(), prog_bar=True, batch_size=size)
-    module.log_dict({f"train/{name}": value for name, value in stats.items()}, batch_size=size)
-    module.log_dict({f"diag/{name}": value for name, value in diagnostics.items()}, batch_size=size)
+    log_across_ranks(module, {"train/loss": loss.detach()}, size, prog_bar=True)
+    log_across_ranks(module, {f"train/{name}": value for name, value in stats.items()}, size)
+    log_across_ranks(module, {f"diag/{name}": value for name, value in diagnostics.items()}, size)
     # One series per minibatch index: drift grows from ~0 at the first minibatch of a round to the K-th.
-    module.log(f"drift/kl_old_theta_mb{minibatch_index}", diagnostics["kl_old_theta"], batch_size=size)
+    log_across_ranks(module, {f"drift/kl_old_theta_mb{minibatch_index}": diagnostics["kl_old_theta"]}, size)
     histogram_loggers = [logger for logger in module.loggers if isinstance(logger, TensorBoardLogger)]
     if histogram_loggers:
         ratios = sequence_ratios(logprobs, minibatch.old_logprobs, minibatch.response_mask)  # [N_valid]

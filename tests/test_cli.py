@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from gspo_lightning.cli import main
@@ -41,6 +42,8 @@ def offline_overrides(config: Path, pretrained_dir: Path) -> list[str]:
     hub model becomes the tiny local checkpoint, a hub ``LoadDataset`` the packaged sample with its columns."""
     raw = yaml.safe_load(config.read_text())
     overrides = []
+    if raw["trainer"].get("accelerator") in ("gpu", "cuda") and not torch.cuda.is_available():
+        overrides.append("--trainer.accelerator=cpu")  # a GPU config is still built whole, strategy included
     if _class_name(raw["model"]["init_args"].get("policy")) == "Pretrained":
         overrides.append(f"--model.init_args.policy.init_args.name_or_path={pretrained_dir}")
     data = raw["data"]["init_args"]

@@ -4,6 +4,7 @@ equals an uninterrupted run, step for step and bit for bit."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -30,12 +31,12 @@ def _per_step(run_dir: Path) -> dict[int, dict[str, str]]:
     return {int(r["step"]): {k: r[k] for k in COMPARED} for r in rows if r["train/loss"]}
 
 
-def _config(directory: Path, checkpoint_every: int, fault: dict | None = None) -> Path:
+def _config(directory: Path, checkpoint_every: int, fault: dict | None = None, steps: int = STEPS) -> Path:
     sections = {"sampler": {"rewards": ["tests.fault_helpers.length_reward"]}}
     if fault:
         sections["trainer"] = {"callbacks": [fault]}
     directory.mkdir(exist_ok=True)
-    return tiny_run_config(directory, STEPS, checkpoint_every=checkpoint_every, extra=sections)
+    return tiny_run_config(directory, steps, checkpoint_every=checkpoint_every, extra=sections)
 
 
 @pytest.fixture(scope="module")
@@ -75,21 +76,33 @@ def test_resumed_run_equals_an_uninterrupted_run(
     assert len({row["train/loss"] for row in after.values()}) > 1  # a real, changing signal was compared
 
 
+MULTI_RANK = {
+    "ddp": "ddp",
+    "fsdp2": json.dumps({"class_path": "gspo_lightning.strategies.DecoderLayerFSDP2"}),
+    "fsdp1": json.dumps({"class_path": "gspo_lightning.strategies.DecoderLayerFSDP"}),
+}
+
+
 @pytest.mark.slow
-def test_two_rank_ddp_resume_restores_every_ranks_round(tmp_path):
-    """Each rank samples its own prompts: its partly consumed round and generators must come back to it."""
-    config = _config(tmp_path, checkpoint_every=5)
+@pytest.mark.parametrize("strategy", sorted(MULTI_RANK))
+def test_two_rank_resume_restores_every_ranks_round(tmp_path, strategy):
+    """Each rank samples its own prompts: its partly consumed round and generators must come back to it; under
+    FSDP the checkpoint is sharded (one file per rank) and still resumes bit for bit."""
+    steps = 12
+    config = _config(tmp_path, checkpoint_every=5, steps=steps)
     settings = yaml.safe_load(config.read_text())
-    settings["trainer"]["callbacks"][0]["init_args"]["save_top_k"] = -1  # keep the mid-round step-10 checkpoint
+    settings["trainer"]["callbacks"][0]["init_args"]["save_top_k"] = -1  # keep the mid-round step-5 checkpoint
     config.write_text(yaml.safe_dump(settings))
-    ddp = ("--trainer.strategy=ddp", "--trainer.devices=2")
-    reference = _run(config, *ddp)
+    two_ranks = (f"--trainer.strategy={MULTI_RANK[strategy]}", "--trainer.devices=2")
+    reference = _run(config, *two_ranks)
     assert reference.returncode == 0, reference.stderr[-3000:]
     expected = _per_step(tmp_path / "runs/tiny/version_0")
 
-    checkpoint = tmp_path / "ckpt/epoch=0-step=10.ckpt"
-    resumed = _run(config, *ddp, f"--ckpt_path={checkpoint}", "--trainer.logger.init_args.version=1")
+    checkpoint = tmp_path / "ckpt/epoch=0-step=5.ckpt"
+    assert checkpoint.is_dir() == (strategy != "ddp")  # sharded: a directory with each rank's shard
+    resumed = _run(config, *two_ranks, f"--ckpt_path={checkpoint}", "--trainer.logger.init_args.version=1")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = _per_step(tmp_path / "runs/tiny/version_1")
-    assert min(after) == 10 and set(after) == set(range(10, STEPS))
+    assert min(after) == 5 and set(after) == set(range(5, steps))
     assert {step: expected[step] for step in after} == after
+    assert len({row["train/loss"] for row in after.values()}) > 1

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from gspo_lightning.models.char_tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
 from gspo_lightning.models.loaders import PolicyLoader, Pretrained, TinyQwen3, prepare_tokenizer
+from gspo_lightning.models.lora import LoRA
 from gspo_lightning.models.warm_start import WARM_START_VERSION, WarmStartedTinyQwen3
 
 __all__ = [
     "DEFAULT_ALPHABET",
     "WARM_START_VERSION",
+    "LoRA",
     "PolicyLoader",
     "Pretrained",
     "TinyQwen3",

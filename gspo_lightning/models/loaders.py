@@ -71,6 +71,14 @@ class PolicyLoader(ABC):
     def load_model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
         """Return the model for ``tokenizer`` (the one returned by :meth:`load_tokenizer`)."""
 
+    def model_for_export(self, model: PreTrainedModel) -> PreTrainedModel:
+        """What ``ExportPolicy`` saves with ``save_pretrained``, given the trained ``model``.
+
+        The trained model itself by default. A loader that wraps the model (e.g. ``LoRA``) returns what
+        should be published instead; it must not modify ``model``, which training may still use.
+        """
+        return model
+
 
 class Pretrained(PolicyLoader):
     """A pretrained causal LM from the Hugging Face hub or a local ``save_pretrained`` directory."""

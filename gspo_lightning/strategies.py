@@ -1,0 +1,205 @@
+"""Sharded training on Lightning's own strategies, set up for Hugging Face decoder models.
+
+- :class:`DecoderLayerFSDP` is Lightning's ``FSDPStrategy`` (FSDP1) with the policy's decoder layers as the
+  wrapping (and optional activation-checkpointing) unit, found from the model itself, so a config needs no
+  Python class paths. It is a subclass, so it also runs on CPU (Lightning refuses the base class there).
+- :class:`DecoderLayerFSDP2` is Lightning's ``ModelParallelStrategy`` with ``tensor_parallel_size=1``:
+  pure FSDP2. ``GSPOModule.configure_model`` shards the policy with :func:`shard_policy` (each decoder layer,
+  then the root) on the strategy's data-parallel mesh; a plain ``ModelParallelStrategy`` gets the defaults.
+
+Both save sharded checkpoints by default (each rank writes its shard; resume with ``--ckpt_path``), and
+``ExportPolicy`` gathers the full policy to rank 0 for ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Literal
+
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+_DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
+    """The classes of ``model``'s repeated decoder layers, from Hugging Face's ``_no_split_modules``.
+
+    Raises ``ValueError`` when the model declares none or none of them occurs in it.
+    """
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or [])
+    classes = {type(module) for module in model.modules() if type(module).__name__ in names}
+    if not classes:
+        raise ValueError(
+            f"cannot find the decoder layers of {type(model).__name__}: no module class named in its "
+            f"_no_split_modules ({sorted(names)}) occurs in it; shard it yourself in configure_model"
+        )
+    return classes
+
+
+def _is_decoder_layer(classes: set[type[nn.Module]]):
+    return lambda module: isinstance(module, tuple(classes))
+
+
+def shard_policy(
+    policy: nn.Module,
+    mesh: Any,
+    reshard_after_forward: bool = True,
+    activation_checkpointing: bool = False,
+) -> nn.Module:
+    """FSDP2-shard ``policy`` in place: each decoder layer is a unit, then the root (embeddings, norm, head).
+
+    Args:
+        policy: the Hugging Face causal LM.
+        mesh: the data-parallel ``DeviceMesh`` to shard over.
+        reshard_after_forward: free gathered parameters after each layer's forward (less memory, more traffic).
+        activation_checkpointing: recompute each decoder layer's activations in backward (non-reentrant);
+            works in eval mode, unlike ``transformers``' own gradient checkpointing.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    classes = decoder_layer_classes(policy)
+    if activation_checkpointing:
+        apply_activation_checkpointing(policy, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=_is_decoder_layer(classes))
+    for module in list(policy.modules()):
+        if isinstance(module, tuple(classes)):
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    # The root unit must be a module whose forward every path calls: a peft wrapper's generate() goes straight
+    # to the wrapped model, skipping the wrapper's forward (and so the hooks that gather the root's shards).
+    root = policy.get_base_model() if callable(getattr(policy, "get_base_model", None)) else policy
+    fully_shard(root, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return policy
+
+
+class DecoderLayerFSDP(FSDPStrategy):
+    """Lightning's ``FSDPStrategy`` (FSDP1) wrapping each decoder layer of the policy as one FSDP unit.
+
+    Args:
+        activation_checkpointing: recompute each decoder layer's activations in backward.
+        sharding_strategy: ``FULL_SHARD`` (ZeRO-3), ``SHARD_GRAD_OP`` (ZeRO-2), ``NO_SHARD`` or ``HYBRID_SHARD``
+            (shard inside a node, replicate across nodes).
+        state_dict_type: ``sharded`` (each rank writes its shard: fast, scales) or ``full`` (one file,
+            gathered on rank 0).
+        cpu_offload: keep parameters and gradients on the CPU between uses.
+        limit_all_gathers: rate-limit all-gathers to bound memory peaks.
+        process_group_backend: ``nccl`` / ``gloo``; default from the accelerator.
+        timeout: timeout of collective operations.
+        kwargs: further ``FullyShardedDataParallel`` arguments (``use_orig_params`` is True by default so that
+            frozen and trainable parameters, e.g. LoRA, can share a unit).
+    """
+
+    def __init__(
+        self,
+        activation_checkpointing: bool = False,
+        sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = "FULL_SHARD",
+        state_dict_type: Literal["full", "sharded"] = "sharded",
+        cpu_offload: bool = False,
+        limit_all_gathers: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = _DEFAULT_TIMEOUT,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("use_orig_params", True)
+        super().__init__(
+            sharding_strategy=sharding_strategy,
+            state_dict_type=state_dict_type,
+            cpu_offload=cpu_offload,
+            limit_all_gathers=limit_all_gathers,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            **kwargs,
+        )
+        self.activation_checkpointing = activation_checkpointing
+
+    def _setup_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if any(isinstance(module, FullyShardedDataParallel) for module in model.modules()):
+            return super()._setup_model(model)  # wrapped by the user in configure_model
+        classes = decoder_layer_classes(model)
+        if self.activation_checkpointing:
+            self._activation_checkpointing_kwargs = {"check_fn": _is_decoder_layer(classes)}
+        # Wrapped here rather than by the base class, which passes the device index: None on CPU, which FSDP
+        # then refuses; the device itself works on both.
+        wrapped = FullyShardedDataParallel(
+            module=model,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=self.root_device,
+            **{"auto_wrap_policy": ModuleWrapPolicy(classes), **self.kwargs},
+        )
+        return super()._setup_model(wrapped)  # moves metrics, applies activation checkpointing
+
+
+class DecoderLayerFSDP2(ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` as pure FSDP2 (``tensor_parallel_size=1``) for the policy.
+
+    Args:
+        data_parallel_size: ranks to shard over; ``auto`` uses every device of every node.
+        reshard_after_forward: free gathered parameters after each layer's forward (less memory, more traffic).
+        activation_checkpointing: recompute each decoder layer's activations in backward.
+        save_distributed_checkpoint: sharded checkpoints (each rank its shard); False gathers one file.
+        process_group_backend: ``nccl`` / ``gloo``; default from the accelerator.
+        timeout: timeout of collective operations.
+    """
+
+    def __init__(
+        self,
+        data_parallel_size: Literal["auto"] | int = "auto",
+        reshard_after_forward: bool = True,
+        activation_checkpointing: bool = False,
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = _DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__(
+            data_parallel_size=data_parallel_size,
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self.reshard_after_forward = reshard_after_forward
+        self.activation_checkpointing = activation_checkpointing
+
+    def setup_environment(self) -> None:
+        # The base class reads "auto" as one replica per node (tensor parallelism inside it); with tensor
+        # parallelism fixed at 1, every process is a data-parallel replica.
+        if self._data_parallel_size == "auto":
+            self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+
+def shard_for_strategy(policy: nn.Module, strategy: Any, device_mesh: Any) -> nn.Module:
+    """Shard ``policy`` as ``strategy`` needs inside ``configure_model`` (only FSDP2 shards there)."""
+    if not isinstance(strategy, ModelParallelStrategy):
+        return policy  # DDP and single device replicate; FSDP1 wraps after configure_model
+    return shard_policy(
+        policy,
+        device_mesh["data_parallel"],
+        reshard_after_forward=getattr(strategy, "reshard_after_forward", True),
+        activation_checkpointing=getattr(strategy, "activation_checkpointing", False),
+    )
+
+
+def is_fsdp1(strategy: Any) -> bool:
+    """FSDP1 needs special handling in hooks: full parameters for ``generate``, its own gradient clipping."""
+    return isinstance(strategy, FSDPStrategy)
+
+
+__all__ = [
+    "DecoderLayerFSDP",
+    "DecoderLayerFSDP2",
+    "decoder_layer_classes",
+    "is_fsdp1",
+    "shard_for_strategy",
+    "shard_policy",
+]
