@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from contextlib import ExitStack
 
 import lightning.pytorch as pl
 import torch
@@ -17,9 +18,10 @@ from torch import Tensor, nn
 
 from gspo_lightning.logprobs import response_logits, token_entropy, token_logprobs
 from gspo_lightning.models import PolicyLoader
+from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
 from gspo_lightning.objectives import ObjectiveSpec, objective_loss, resolve_objective
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
-from gspo_lightning.step_metrics import log_step_metrics
+from gspo_lightning.step_metrics import log_expert_change, log_step_metrics
 from gspo_lightning.strategies import is_fsdp1, shard_for_strategy
 from gspo_lightning.validation import require
 
@@ -49,6 +51,9 @@ class GSPOModule(pl.LightningModule):
         reference_on_cpu: keep the KL reference policy (only built when kl_coef > 0) on the CPU.
         log_entropy: log the policy's mean token entropy on the response tokens (one extra softmax).
         max_new_tokens: longest response, for the length buckets of the clip diagnostics; linked from the sampler.
+        routing_replay: mixture-of-experts policies only: force the experts pi_old activated for each token in
+            pi_theta's forward (GSPO section 4.3), the router still receiving gradient through the forced
+            experts' weights. Without it, ``moe/expert_change_frac`` reports how much routing moved.
     """
 
     def __init__(
@@ -64,6 +69,7 @@ class GSPOModule(pl.LightningModule):
         reference_on_cpu: bool = False,
         log_entropy: bool = True,
         max_new_tokens: int = 256,
+        routing_replay: bool = False,
     ) -> None:
         super().__init__()
         self.objective = _resolve(objective)
@@ -78,6 +84,7 @@ class GSPOModule(pl.LightningModule):
         # A plain list keeps the reference out of state_dict, the optimizer and Lightning's device moves:
         # it is the frozen initial policy, rebuilt from the loader on resume, and may stay on the CPU.
         self._reference: list[nn.Module] = []
+        self._replay = ExitStack()  # open from a replayed forward until after its backward
 
     @property
     def reference_policy(self) -> nn.Module | None:
@@ -93,6 +100,11 @@ class GSPOModule(pl.LightningModule):
         self.policy = self.policy_loader.load_model(self.tokenizer).eval()
         if self.objective.kl_coef > 0:  # copied before sharding: every rank holds the whole frozen reference
             self._reference = [copy.deepcopy(self.policy).requires_grad_(False).eval()]
+        if self.hparams.routing_replay and not find_routers(self.policy):
+            raise ValueError(
+                f"model.routing_replay=true needs a mixture-of-experts policy, but {type(self.policy).__name__} "
+                "has no top-k router; set routing_replay: false"
+            )
         if self._trainer is not None:  # FSDP2 shards here; FSDP1 wraps afterwards; DDP replicates
             shard_for_strategy(self.policy, self.trainer.strategy, self.device_mesh)
 
@@ -105,8 +117,7 @@ class GSPOModule(pl.LightningModule):
         minibatch = batch.minibatch
         if minibatch is None:
             raise RuntimeError("training_step got no minibatch: add gspo_lightning.GroupSampler to the callbacks")
-        response_length = minibatch.response_ids.shape[1]
-        logits = response_logits(self.policy, minibatch.input_ids, minibatch.attention_mask, response_length)
+        logits, expert_change = self._policy_logits(minibatch)  # [n, R, V], [layers] or None
         logprobs = token_logprobs(logits, minibatch.response_ids, self.hparams.temperature)  # [n, R]
         loss, stats = objective_loss(
             self.objective,
@@ -125,7 +136,30 @@ class GSPOModule(pl.LightningModule):
         if self.hparams.log_entropy:
             stats["entropy"] = _mean_entropy(logits.detach(), minibatch, self.hparams.temperature)
         log_step_metrics(self, loss, stats, logprobs.detach(), minibatch, batch.minibatch_index)
+        if expert_change is not None:
+            log_expert_change(self, expert_change, len(minibatch), batch.minibatch_index)
         return loss
+
+    def _policy_logits(self, minibatch: Minibatch) -> tuple[Tensor, Tensor | None]:
+        """pi_theta's response logits, with pi_old's experts forced under Routing Replay; for MoE policies also
+        the per-layer fraction of experts pi_theta's routers choose that pi_old's did not."""
+        length = minibatch.response_ids.shape[1]
+        if minibatch.old_routes is None:
+            return response_logits(self.policy, minibatch.input_ids, minibatch.attention_mask, length), None
+        if self.hparams.routing_replay:
+            # Kept open until after backward: activation checkpointing re-runs the forward there.
+            routes = self._replay.enter_context(replay_routes(self.policy, minibatch.old_routes))
+        else:
+            routes = self._replay.enter_context(capture_routes(self.policy, tuple(minibatch.input_ids.shape)))
+        logits = response_logits(self.policy, minibatch.input_ids, minibatch.attention_mask, length)
+        layers = minibatch.old_routes.shape[1]
+        current = torch.stack(routes.indices[:layers], dim=1)  # [n, layers, L, k]
+        if not self.hparams.routing_replay:
+            self._replay.close()
+        return logits, expert_change_fraction(minibatch.old_routes, current, minibatch.attention_mask)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self._replay.close()
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val=None, gradient_clip_algorithm=None

@@ -46,3 +46,12 @@ def log_step_metrics(
         ratios = sequence_ratios(logprobs, minibatch.old_logprobs, minibatch.response_mask)  # [N_valid]
         for logger in histogram_loggers:
             logger.experiment.add_histogram("diag/seq_ratio", ratios, module.global_step)
+
+
+def log_expert_change(module: pl.LightningModule, per_layer: Tensor, size: int, minibatch_index: int) -> None:
+    """MoE routing drift: the fraction of (token, expert) activations pi_theta's routers choose that pi_old's did
+    not, in total, per layer, and per minibatch index (updates since pi_old)."""
+    total = per_layer.mean()
+    metrics = {"moe/expert_change_frac": total, f"moe/expert_change_mb{minibatch_index}": total}
+    metrics |= {f"moe/expert_change_frac_layer{layer}": value for layer, value in enumerate(per_layer)}
+    log_across_ranks(module, metrics, size)

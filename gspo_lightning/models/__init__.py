@@ -5,6 +5,7 @@ from __future__ import annotations
 from gspo_lightning.models.char_tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
 from gspo_lightning.models.loaders import PolicyLoader, Pretrained, TinyQwen3, prepare_tokenizer
 from gspo_lightning.models.lora import LoRA
+from gspo_lightning.models.moe import TinyQwen3Moe
 from gspo_lightning.models.warm_start import WARM_START_VERSION, WarmStartedTinyQwen3
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "PolicyLoader",
     "Pretrained",
     "TinyQwen3",
+    "TinyQwen3Moe",
     "WarmStartedTinyQwen3",
     "build_char_tokenizer",
     "prepare_tokenizer",

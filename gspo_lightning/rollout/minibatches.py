@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from gspo_lightning.logprobs import response_logprobs
+from gspo_lightning.moe.routing import capture_routes
 from gspo_lightning.rollout.types import Minibatch, Rollout
 
 
@@ -57,9 +58,10 @@ def split_minibatches(
     for k in range(num_minibatches):
         rows = slice(k * size, (k + 1) * size)
         input_ids, attention_mask, response_ids, response_mask = _trimmed_rows(rollout, rows)
-        old_logprobs = response_logprobs(
-            policy, input_ids, attention_mask, response_ids.shape[1], temperature
-        )  # [n, R']
+        with capture_routes(policy, tuple(input_ids.shape)) as routes:  # MoE: pi_old's experts per token
+            old_logprobs = response_logprobs(
+                policy, input_ids, attention_mask, response_ids.shape[1], temperature
+            )  # [n, R']
         ref_logprobs = None if reference is None else _reference_logprobs(
             reference, input_ids, attention_mask, response_ids.shape[1], temperature
         )  # [n, R']
@@ -73,6 +75,7 @@ def split_minibatches(
                 advantages=rollout.advantages[rows],
                 rewards=rollout.rewards[rows],
                 ref_logprobs=ref_logprobs,
+                old_routes=routes.stacked() if routes.indices else None,  # [n, layers, L, k]
             )
         )
     return minibatches

@@ -56,6 +56,8 @@ class Minibatch:
         rewards:        [n]     the scalar reward of each response (NaN where a reward function failed and
                                 ``reward_errors="skip"``: train on ``advantages``, which are then 0)
         ref_logprobs:   [n, R]  float32 log pi_ref, only when a KL penalty to a reference policy is used
+        old_routes:     [n, layers, L, k]  int, the experts pi_old's routers activated per token (MoE policies
+                                only): replayed by Routing Replay and compared with pi_theta's routing
     """
 
     input_ids: Tensor
@@ -66,12 +68,13 @@ class Minibatch:
     advantages: Tensor
     rewards: Tensor
     ref_logprobs: Tensor | None = None
+    old_routes: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def tensors(self) -> dict[str, Tensor]:
-        """The fields that hold a tensor (``ref_logprobs`` may be None)."""
+        """The fields that hold a tensor (``ref_logprobs`` and ``old_routes`` may be None)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
     def to(self, device: torch.device | str) -> Minibatch:
