@@ -110,3 +110,113 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def run_variants(
+    variants: dict[str, list[str]],
+    seeds: Sequence[int],
+    keys: Sequence[str],
+    common_flags: Sequence[str] = (),
+    config: Path = QUICKSTART,
+) -> tuple[list[dict], list[dict]]:
+    """Every variant (name -> CLI flags) for every seed, warm start shared per seed.
+
+    Returns per-step rows (run, seed, step, train_seconds and each of ``keys``, NaN where not logged) and one
+    row per run (run, seed, wall-clock seconds).
+    """
+    import tempfile
+
+    curves, finished = [], []
+    with tempfile.TemporaryDirectory(prefix="gspo-experiment-") as scratch:
+        for seed in seeds:
+            for index, (name, flags) in enumerate(variants.items()):
+                overrides = [*seed_overrides(seed), *common_flags, *flags]
+                result = run_fit(Path(scratch) / f"seed{seed}-{index}", overrides, Path(scratch) / "cache", config)
+                clock = training_clock(result["steps"])
+                for step, values in sorted(result["steps"].items()):
+                    row = {"run": name, "seed": seed, "step": step, "train_seconds": round(clock[step], 3)}
+                    curves.append(row | {key: values.get(key, math.nan) for key in keys})
+                finished.append({"run": name, "seed": seed, "seconds": round(result["seconds"], 1)})
+                print(finished[-1], flush=True)
+    return curves, finished
+
+
+def runs_of(curves: list[dict], name: str) -> list[list[dict]]:
+    """The per-step rows of variant ``name``, one list per seed."""
+    seeds = sorted({row["seed"] for row in curves if row["run"] == name})
+    return [[row for row in curves if row["run"] == name and row["seed"] == seed] for seed in seeds]
+
+
+def mean_of(rows: list[dict], key: str, where=lambda row: True) -> float:
+    values = [row[key] for row in rows if where(row) and not math.isnan(row[key])]
+    return sum(values) / len(values) if values else math.nan
+
+
+def finish_axes(axes, labels: Sequence[tuple[str, str]]) -> None:
+    for axis, (xlabel, ylabel) in zip(axes, labels):
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel(ylabel)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+
+
+def grid_figure(rows: int = 2, columns: int = 2, size: tuple[float, float] = (12, 8.5)):
+    """A matplotlib figure (non-interactive backend) and its axes grid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(rows, columns, figsize=size)
+
+
+def save_figure(figure, title: str, path: Path) -> None:
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def plot_accuracy_and_reward(accuracy_axis, reward_axis, runs: list[list[dict]], name: str, color: str) -> None:
+    """Held-out accuracy (%) at each evaluation and the training reward (moving average 50), seeds as bands."""
+    evaluated = [[r for r in run if not math.isnan(r["eval/accuracy"])] for run in runs]
+    plot_band(accuracy_axis, [([r["step"] for r in e], [100 * r["eval/accuracy"] for r in e]) for e in evaluated], name, color)
+    rewards = [([r["step"] for r in run], smooth([r["rollout/reward_mean"] for r in run], 50)) for run in runs]
+    plot_band(reward_axis, rewards, name, color)
+
+
+def outcome(steps: list[dict]) -> dict:
+    """Held-out accuracy at the first and last evaluation, the best one, and the mean reward of the last 200 steps."""
+    evaluated = [r["eval/accuracy"] for r in steps if not math.isnan(r["eval/accuracy"])]
+    return {
+        "accuracy_start": evaluated[0], "accuracy_end": evaluated[-1], "accuracy_best": max(evaluated),
+        "reward_last200": mean_of(steps[-200:], "rollout/reward_mean"),
+    }  # fmt: skip
+
+
+def print_table(rows: list[dict], columns: dict[str, str]) -> None:
+    """A Markdown table: header -> format string over a row (e.g. ``"{accuracy_end:.1%}"``)."""
+    print(f"\nmachine: {machine()}")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + " --- |" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(template.format(**row) for template in columns.values()) + " |")
+
+
+def parse_arguments(description: str, seeds: Sequence[int], max_steps: int):
+    """``--seeds`` and ``--max-steps``, with the script's docstring as help."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(seeds))
+    parser.add_argument("--max-steps", type=int, default=max_steps)
+    return parser.parse_args()
+
+
+def run_and_report(here: Path, variants, seeds, keys, flags, summarise, plot, png: str, columns: dict) -> None:
+    """Run every variant for every seed, then write ``curves.csv``, ``results.csv`` and the plot, print a table."""
+    curves, finished = run_variants(variants, seeds, keys, flags)
+    rows = summarise(curves, finished)
+    write_csv(here / "curves.csv", curves)
+    write_csv(here / "results.csv", rows)
+    plot(curves, here / png)
+    print_table(rows, columns)

@@ -145,6 +145,11 @@ class GSPOModule(pl.LightningModule):
         the per-layer fraction of experts pi_theta's routers choose that pi_old's did not."""
         length = minibatch.response_ids.shape[1]
         if minibatch.old_routes is None:
+            if self.hparams.routing_replay:
+                raise RuntimeError(
+                    "model.routing_replay=true but the minibatch carries no recorded experts: they are recorded "
+                    "by the old-policy forward, so set sampler.old_logprobs: recompute"
+                )
             return response_logits(self.policy, minibatch.input_ids, minibatch.attention_mask, length), None
         if self.hparams.routing_replay:
             # Kept open until after backward: activation checkpointing re-runs the forward there.

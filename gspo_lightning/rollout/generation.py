@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from gspo_lightning.logprobs import token_logprobs
 from gspo_lightning.rollout.types import Prompt
 
 
@@ -71,13 +72,37 @@ def generate_responses(
     synced_gpus: bool = False,
 ) -> Tensor:
     """Sample one response per row; returns the response tokens [N, R], R <= max_new_tokens, pad after EOS."""
+    config = settings.generation_config(tokenizer)
     sequences = policy.generate(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        generation_config=settings.generation_config(tokenizer),
-        synced_gpus=synced_gpus,
+        input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config, synced_gpus=synced_gpus
     )  # [N, Lp + R]
     return sequences[:, prompt_ids.shape[1] :]
+
+
+def generate_with_logprobs(
+    policy: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    settings: SamplingSettings,
+    synced_gpus: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Like :func:`generate_responses`, also returning the sampler's own log-probs of the sampled tokens.
+
+    Returns:
+        response_ids: [N, R].
+        logprobs: [N, R] float32 log softmax(logits / temperature) at each sampled token, from the logits
+            ``generate`` computed (in whatever precision it ran), before any top-p / top-k truncation, as
+            :func:`gspo_lightning.logprobs.token_logprobs` defines them. Positions after EOS hold junk.
+    """
+    config = settings.generation_config(tokenizer)
+    config.return_dict_in_generate, config.output_logits = True, True
+    output = policy.generate(
+        input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config, synced_gpus=synced_gpus
+    )
+    response_ids = output.sequences[:, prompt_ids.shape[1] :]  # [N, R]
+    logits = torch.stack(output.logits, dim=1)  # [N, R, V] raw scores, one step per response position
+    return response_ids, token_logprobs(logits, response_ids, settings.temperature or 1.0)
 
 
 def response_mask_until_eos(response_ids: Tensor, eos_token_id: int) -> tuple[Tensor, Tensor]:

@@ -48,7 +48,8 @@ def split_minibatches(
 ) -> list[Minibatch]:
     """Cut the rollout into K contiguous minibatches and attach pi_old's per-token log-probs to each.
 
-    Contiguous rows keep a prompt's G responses together whenever G divides N / K. With a ``reference``
+    Contiguous rows keep a prompt's G responses together whenever G divides N / K. When the rollout carries
+    the sampler's own log-probs (``sampler_logprobs``) they are used as pi_old instead. With a ``reference``
     policy (KL penalty), its log-probs are recorded too, on the reference's own device (it may live on CPU).
     Call it inside the same precision context as ``training_step``.
     """
@@ -58,10 +59,14 @@ def split_minibatches(
     for k in range(num_minibatches):
         rows = slice(k * size, (k + 1) * size)
         input_ids, attention_mask, response_ids, response_mask = _trimmed_rows(rollout, rows)
-        with capture_routes(policy, tuple(input_ids.shape)) as routes:  # MoE: pi_old's experts per token
-            old_logprobs = response_logprobs(
-                policy, input_ids, attention_mask, response_ids.shape[1], temperature
-            )  # [n, R']
+        if rollout.sampler_logprobs is not None:  # pi_old as the sampler saw it: no second forward
+            old_logprobs = rollout.sampler_logprobs[rows, : response_ids.shape[1]]  # [n, R']
+            routes = None
+        else:
+            with capture_routes(policy, tuple(input_ids.shape)) as routes:  # MoE: pi_old's experts per token
+                old_logprobs = response_logprobs(
+                    policy, input_ids, attention_mask, response_ids.shape[1], temperature
+                )  # [n, R']
         ref_logprobs = None if reference is None else _reference_logprobs(
             reference, input_ids, attention_mask, response_ids.shape[1], temperature
         )  # [n, R']
@@ -75,7 +80,7 @@ def split_minibatches(
                 advantages=rollout.advantages[rows],
                 rewards=rollout.rewards[rows],
                 ref_logprobs=ref_logprobs,
-                old_routes=routes.stacked() if routes.indices else None,  # [n, layers, L, k]
+                old_routes=routes.stacked() if routes and routes.indices else None,  # [n, layers, L, k]
             )
         )
     return minibatches

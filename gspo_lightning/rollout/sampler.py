@@ -30,6 +30,7 @@ from gspo_lightning.rollout.generation import (
     decode_responses,
     encode_prompts,
     generate_responses,
+    generate_with_logprobs,
     response_mask_until_eos,
 )
 from gspo_lightning.rollout.minibatches import check_divisible, split_minibatches
@@ -37,8 +38,12 @@ from gspo_lightning.rollout.prompts import PromptOverflow, context_length, fit_p
 from gspo_lightning.rollout.rank_state import gather_per_rank, select_rank
 from gspo_lightning.rollout.rng import restore_rng_states, rng_states
 from gspo_lightning.rollout.sampler_checks import (
+    OldLogprobSource,
+    SamplingDtype,
     check_chat_template,
     check_rollout_shape,
+    sampling_precision,
+    validate_old_logprobs,
     validate_robustness,
     validate_sampling,
 )
@@ -90,6 +95,14 @@ class GroupSampler(Callback):
             start are lost), counted in ``rollout/prompts_truncated``. ``skip``: truncated the same way for
             generation (shapes stay fixed), but its group gets advantages 0 (no learning signal), counted in
             ``rollout/prompts_skipped``.
+        old_logprobs: where pi_old's log-probs come from. ``recompute`` (default): a separate forward over
+            the sampled sequences right after sampling, in the precision context of ``training_step`` (ratio
+            exactly 1 on a round's first minibatch). ``sampler``: the log-probs ``generate`` itself computed
+            while sampling, used directly (no second forward; what an inference engine would hand over). Its
+            precision mismatch with training then shows as ratios != 1 (GSPO section 5.4); Routing Replay needs
+            ``recompute``.
+        sampling_dtype: precision of the sampling pass: ``auto`` (the trainer's, as training) or ``bfloat16`` /
+            ``float16`` (autocast around ``generate``), e.g. to emulate a lower-precision inference engine.
     """
 
     def __init__(
@@ -107,7 +120,10 @@ class GroupSampler(Callback):
         reward_isolation: RewardIsolation = "thread",
         reward_errors: RewardErrors = "raise",
         prompt_overflow: PromptOverflow = "error",
+        old_logprobs: OldLogprobSource = "recompute",
+        sampling_dtype: SamplingDtype = "auto",
     ) -> None:
+        validate_old_logprobs(old_logprobs, sampling_dtype)
         validate_sampling(
             rewards, reward_weights, group_size, num_minibatches, max_new_tokens, temperature, top_p, top_k
         )
@@ -131,6 +147,8 @@ class GroupSampler(Callback):
         self._pending_rng: dict[str, Any] | None = None
         self._round_seconds: dict[str, float] = {}
         self._step_started = 0.0
+        self.old_logprobs = old_logprobs
+        self.sampling_dtype = sampling_dtype
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Checks that need no model: Lightning calls this before ``configure_model`` builds the policy."""
@@ -201,9 +219,7 @@ class GroupSampler(Callback):
         tokenizer = pl_module.tokenizer
         started = time.perf_counter()
         prompt_ids, prompt_mask, cut = self._prompts(pl_module, prompts)  # [N, Lp], [N, Lp], [N]
-        response_ids = generate_responses(
-            pl_module.policy, tokenizer, prompt_ids, prompt_mask, self.settings, synced_gpus
-        )  # [N, R]
+        response_ids, sampler_logprobs = self._generate(pl_module, prompt_ids, prompt_mask, synced_gpus)  # [N, R] x2
         response_mask, truncated = response_mask_until_eos(response_ids, tokenizer.eos_token_id)  # [N, R], [N]
         completions = decode_responses(tokenizer, response_ids, response_mask)
         self._round_seconds["generate_s"] = time.perf_counter() - started
@@ -235,7 +251,18 @@ class GroupSampler(Callback):
             reward_components=components,
             prompt_cut=cut,
             prompt_skipped=prompt_skipped,
+            sampler_logprobs=sampler_logprobs,
         )
+
+    def _generate(
+        self, pl_module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, synced_gpus: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Response tokens [N, R], and the sampler's own log-probs [N, R] when pi_old is taken from them."""
+        arguments = (pl_module.policy, pl_module.tokenizer, prompt_ids, prompt_mask, self.settings, synced_gpus)
+        with sampling_precision(self.sampling_dtype, prompt_ids.device):
+            if self.old_logprobs == "sampler":
+                return generate_with_logprobs(*arguments)
+            return generate_responses(*arguments), None
 
     def _prompts(self, pl_module: Any, prompts: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Encoded prompts fitted to the context (``prompt_overflow``), each repeated G times."""

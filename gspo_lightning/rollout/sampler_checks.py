@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import torch
 
 from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
 from gspo_lightning.rewards.scoring import REWARD_ERRORS
@@ -84,3 +87,29 @@ def check_chat_template(datamodule: Any, tokenizer: Any) -> None:
             "into data.init_args.prompt_template), or use a policy whose tokenizer defines a chat template "
             "(an instruct/chat checkpoint)"
         )
+
+
+OldLogprobSource = Literal["recompute", "sampler"]
+SamplingDtype = Literal["auto", "bfloat16", "float16"]
+_SAMPLING_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def validate_old_logprobs(old_logprobs: str, sampling_dtype: str) -> None:
+    require(
+        old_logprobs in ("recompute", "sampler"),
+        f"sampler.old_logprobs must be one of ['recompute', 'sampler'], got {old_logprobs!r}",
+    )
+    require(
+        sampling_dtype in ("auto", *_SAMPLING_DTYPES),
+        f"sampler.sampling_dtype must be one of ['auto', 'bfloat16', 'float16'], got {sampling_dtype!r}",
+    )
+
+
+@contextmanager
+def sampling_precision(sampling_dtype: str, device: torch.device) -> Iterator[None]:
+    """Autocast ``generate`` to ``sampling_dtype``; ``auto`` keeps the surrounding (training) precision."""
+    if sampling_dtype == "auto":
+        yield
+        return
+    with torch.autocast(device.type, dtype=_SAMPLING_DTYPES[sampling_dtype]):
+        yield

@@ -97,6 +97,8 @@ class Rollout:
         prompt_cut:     [N]      bool, True where the prompt was cut to fit the context; None: nothing cut
         prompt_skipped: [N]      bool, True where the prompt's group is left out of learning because its prompt
                                  overflowed (``prompt_overflow="skip"``); None: nothing skipped
+        sampler_logprobs: [N, R] float32 log-probs of the sampled tokens from the sampling pass itself, when
+                                 pi_old is taken from the sampler (``old_logprobs="sampler"``); else None
     """
 
     prompt_ids: Tensor
@@ -110,6 +112,7 @@ class Rollout:
     reward_components: dict[str, Tensor] = field(default_factory=dict)
     prompt_cut: Tensor | None = None
     prompt_skipped: Tensor | None = None
+    sampler_logprobs: Tensor | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

@@ -1,0 +1,125 @@
+"""Routing Replay: pi_old's experts are forced in pi_theta's forward, the router still learns, and routing drift
+is measured exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gspo_lightning.models import TinyQwen3, TinyQwen3Moe
+from gspo_lightning.module import GSPOModule
+from gspo_lightning.moe import capture_routes, expert_change_fraction, find_routers, replay_routes, replayed_weights
+from gspo_lightning.rollout.minibatches import split_minibatches
+from gspo_lightning.rollout.types import Minibatch
+from tests.conftest import TINY
+from tests.test_module import _first_step
+
+MOE = dict(TINY, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+@pytest.fixture
+def moe_policy():
+    loader = TinyQwen3Moe(**MOE)
+    return loader.load_model(loader.load_tokenizer()).eval()
+
+
+def test_replayed_weights_are_the_current_softmax_at_the_forced_experts():
+    logits = torch.log(torch.tensor([[1.0, 2.0, 3.0, 4.0]])).requires_grad_()  # probabilities 0.1 .. 0.4
+    forced = torch.tensor([[0, 2]])
+    weights = replayed_weights(logits, forced, normalize=False)
+    torch.testing.assert_close(weights, torch.tensor([[0.1, 0.3]]), rtol=0, atol=1e-7)
+    normalised = replayed_weights(logits, forced, normalize=True)
+    torch.testing.assert_close(normalised, torch.tensor([[0.25, 0.75]]), rtol=0, atol=1e-7)
+    normalised[0, 0].backward()  # d(p0 / (p0 + p2)) / d logit_j is non-zero only for the forced experts
+    assert logits.grad[0, 1] == 0 and logits.grad[0, 3] == 0 and logits.grad[0, 0] > 0 > logits.grad[0, 2]
+
+
+def test_expert_change_fraction_counts_replaced_experts_on_real_tokens_only():
+    old = torch.tensor([[[[0, 1], [2, 3], [4, 5]]]])  # [n=1, layers=1, L=3, k=2]
+    new = torch.tensor([[[[1, 0], [2, 7], [6, 7]]]])  # token 0: same set; token 1: one new; token 2: two new
+    mask = torch.tensor([[1, 1, 0]])  # token 2 is padding
+    assert expert_change_fraction(old, new, mask).tolist() == [pytest.approx(1 / 4)]
+    assert expert_change_fraction(old, new, torch.ones(1, 3)).tolist() == [pytest.approx(3 / 6)]
+
+
+def test_capture_then_replay_on_the_same_weights_changes_nothing(moe_policy):
+    assert len(find_routers(moe_policy)) == TINY["num_layers"]
+    ids = torch.randint(3, 17, (3, 7))
+    with torch.no_grad(), capture_routes(moe_policy, (3, 7)) as captured:
+        natural = moe_policy(input_ids=ids).logits
+    routes = captured.stacked()  # [3, layers, 7, 2]
+    with torch.no_grad(), replay_routes(moe_policy, routes) as replayed:
+        forced = moe_policy(input_ids=ids).logits
+    assert torch.equal(natural, forced)
+    assert torch.equal(torch.stack(replayed.indices, 1), routes)  # what the routers would choose: the same
+
+
+def test_replay_forces_old_experts_after_the_router_changed_and_the_router_still_gets_gradient(moe_policy):
+    ids = torch.randint(3, 17, (2, 5))
+    with torch.no_grad(), capture_routes(moe_policy, (2, 5)) as captured:
+        moe_policy(input_ids=ids)
+    old_routes = captured.stacked()
+    routers = find_routers(moe_policy)
+    with torch.no_grad():
+        for router in routers:  # a big update: routing changes for most tokens
+            router.weight.add_(torch.randn_like(router.weight) * 5)
+    with capture_routes(moe_policy, (2, 5)) as free:
+        moe_policy(input_ids=ids)
+    assert not torch.equal(free.stacked(), old_routes)
+    block = moe_policy.model.layers[0].mlp
+    hidden = torch.randn(1, 5, TINY["hidden_size"])
+    forced = old_routes[:1, :1]  # layer 0's routes of sequence 0, as [1, 1, 5, 2]
+    with replay_routes(block, forced):
+        output = block(hidden)  # the block alone has one router
+    logits = hidden.view(-1, TINY["hidden_size"]) @ block.gate.weight.T  # [5, E]
+    weights = replayed_weights(logits, forced[0, 0].long(), normalize=True)  # [5, 2]
+    expected = torch.zeros(5, TINY["hidden_size"])
+    for token in range(5):
+        for slot in range(2):
+            expert = int(forced[0, 0, token, slot])
+            gate, up = (hidden[0, token] @ block.experts.gate_up_proj[expert].T).chunk(2)
+            expected[token] += weights[token, slot] * (torch.nn.functional.silu(gate) * up) @ block.experts.down_proj[expert].T
+    torch.testing.assert_close(output[0], expected, rtol=1e-5, atol=1e-6)
+    output.sum().backward()
+    assert block.gate.weight.grad.abs().sum() > 0
+
+
+def test_split_minibatches_records_old_routes_for_moe_policies_only(moe_policy, policy, tokenizer):
+    from tests.rollout.test_minibatches import _rollout
+
+    rollout = _rollout(tokenizer, policy, ["1+1=", "1+1=", "123+456=", "123+456="], [2, 3, 1, 2])
+    moe_batch = split_minibatches(rollout, 2, moe_policy)[0]
+    assert moe_batch.old_routes.shape == (len(moe_batch), TINY["num_layers"], moe_batch.input_ids.shape[1], 2)
+    assert split_minibatches(rollout, 2, policy)[0].old_routes is None
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_moe_training_step_is_on_policy_and_logs_routing_drift(replay):
+    module = GSPOModule(TinyQwen3Moe(**MOE), objective="grpo", routing_replay=replay)
+    logged = _first_step(module)
+    assert logged["train/ratio_mean"] == 1.0 and logged["train/clip_frac"] == 0.0
+    assert logged["moe/expert_change_frac"] == 0.0 and logged["moe/expert_change_mb0"] == 0.0
+    assert not math.isnan(logged["moe/expert_change_frac_layer1"])
+    assert all(router.weight.grad is not None for router in find_routers(module.policy))
+    module.on_train_batch_end(None, None, 0)
+    assert not module._replay._exit_callbacks  # replay hooks removed after the step
+
+
+def test_routing_replay_on_a_dense_policy_is_refused():
+    module = GSPOModule(TinyQwen3(**TINY), routing_replay=True)
+    with pytest.raises(ValueError, match="routing_replay=true needs a mixture-of-experts policy"):
+        module.configure_model()
+
+
+def test_routing_replay_without_recorded_experts_says_how_to_record_them():
+    from gspo_lightning.rollout.types import PromptBatch
+
+    module = GSPOModule(TinyQwen3Moe(**MOE), routing_replay=True)
+    module.configure_model()
+    ids = torch.randint(3, 17, (2, 6))
+    mask = torch.ones(2, 3)
+    minibatch = Minibatch(ids, torch.ones(2, 6), ids[:, 3:], mask, torch.zeros(2, 3), torch.ones(2), torch.ones(2))
+    with pytest.raises(RuntimeError, match="set sampler.old_logprobs: recompute"):
+        module.training_step(PromptBatch(["a", "b"], {}, minibatch=minibatch), 0)
