@@ -130,6 +130,7 @@ class GSPOModule(pl.LightningModule):
             minibatch.ref_logprobs,
         )
         if not torch.isfinite(loss):
+            self._replay.close()  # no backward will follow
             # Returning no loss skips backward and the update; NonFiniteGuard counts the skipped step.
             self.log("faults/nonfinite_loss", 1.0, batch_size=len(minibatch))
             return None
@@ -162,6 +163,11 @@ class GSPOModule(pl.LightningModule):
         if not self.hparams.routing_replay:
             self._replay.close()
         return logits, expert_change_fraction(minibatch.old_routes, current, minibatch.attention_mask)
+
+    def on_after_backward(self) -> None:
+        # Forced routing ends with the backward pass (which re-runs checkpointed forwards), before any callback
+        # samples or evaluates with the policy.
+        self._replay.close()
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self._replay.close()

@@ -123,3 +123,29 @@ def test_routing_replay_without_recorded_experts_says_how_to_record_them():
     minibatch = Minibatch(ids, torch.ones(2, 6), ids[:, 3:], mask, torch.zeros(2, 3), torch.ones(2), torch.ones(2))
     with pytest.raises(RuntimeError, match="set sampler.old_logprobs: recompute"):
         module.training_step(PromptBatch(["a", "b"], {}, minibatch=minibatch), 0)
+
+
+@pytest.mark.slow
+def test_routing_replay_trains_through_the_cli_with_evaluation_between_steps(tmp_path):
+    """Forced routing must end with the backward pass: the evaluation callback generates right after a step."""
+    import csv
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_cli import ROOT, tiny_run_config
+
+    extra = {"sampler": {"rewards": ["tests.fault_helpers.length_reward"]}, "evaluation": {"every_n_steps": 1}}
+    config = tiny_run_config(tmp_path, max_steps=5, extra=extra)
+    policy = {"class_path": "gspo_lightning.models.TinyQwen3Moe", "init_args": MOE}
+    command = [
+        sys.executable, "-m", "gspo_lightning", "fit", "-c", str(config), "--model.init_args.routing_replay=true",
+        "--model.init_args.objective=grpo", "--model.init_args.policy=" + json.dumps(policy),
+    ]  # fmt: skip
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "runs/tiny/version_0/metrics.csv")))
+    changes = [float(r["moe/expert_change_frac"]) for r in rows if r.get("moe/expert_change_frac")]
+    assert len(changes) == 5 and changes[0] == 0.0
