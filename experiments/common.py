@@ -209,12 +209,32 @@ def parse_arguments(description: str, seeds: Sequence[int], max_steps: int):
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=list(seeds))
     parser.add_argument("--max-steps", type=int, default=max_steps)
+    parser.add_argument(
+        "--replot", action="store_true", help="recompute results.csv and the plot from the committed curves.csv"
+    )
     return parser.parse_args()
 
 
-def run_and_report(here: Path, variants, seeds, keys, flags, summarise, plot, png: str, columns: dict) -> None:
-    """Run every variant for every seed, then write ``curves.csv``, ``results.csv`` and the plot, print a table."""
-    curves, finished = run_variants(variants, seeds, keys, flags)
+def _read_rows(path: Path) -> list[dict]:
+    def convert(key: str, value: str):
+        if key == "run":
+            return value
+        return int(value) if key in ("seed", "step") else float(value)
+
+    with path.open() as handle:
+        return [{key: convert(key, value) for key, value in row.items()} for row in csv.DictReader(handle)]
+
+
+def run_and_report(
+    here: Path, variants, seeds, keys, flags, summarise, plot, png: str, columns: dict, replot: bool = False
+) -> None:
+    """Run every variant for every seed (or, with ``replot``, reuse the committed ``curves.csv``), then write
+    ``curves.csv``, ``results.csv`` and the plot, and print a table."""
+    if replot:
+        curves = _read_rows(here / "curves.csv")
+        finished = [{k: row[k] for k in ("run", "seed", "seconds")} for row in _read_rows(here / "results.csv")]
+    else:
+        curves, finished = run_variants(variants, seeds, keys, flags)
     rows = summarise(curves, finished)
     write_csv(here / "curves.csv", curves)
     write_csv(here / "results.csv", rows)

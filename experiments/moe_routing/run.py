@@ -93,7 +93,7 @@ def main() -> int:
         "experts changed after 1 / 3 updates": "{expert_change_after_1_update:.1%} / {expert_change_after_3_updates:.1%}",
         "clip frac": "{clip_frac_mean:.2e}",
     }  # fmt: skip
-    common.run_and_report(HERE, VARIANTS, args.seeds, KEYS, flags, summary, plot, "moe_routing.png", columns)
+    common.run_and_report(HERE, VARIANTS, args.seeds, KEYS, flags, summary, plot, "moe_routing.png", columns, args.replot)
     return 0
 
 
