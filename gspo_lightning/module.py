@@ -136,9 +136,9 @@ class GSPOModule(pl.LightningModule):
             return None
         if self.hparams.log_entropy:
             stats["entropy"] = _mean_entropy(logits.detach(), minibatch, self.hparams.temperature)
-        log_step_metrics(self, loss, stats, logprobs.detach(), minibatch, batch.minibatch_index)
+        log_step_metrics(self, loss, stats, logprobs.detach(), minibatch, batch.minibatch_index, batch.num_minibatches)
         if expert_change is not None:
-            log_expert_change(self, expert_change, len(minibatch), batch.minibatch_index)
+            log_expert_change(self, expert_change, len(minibatch), batch.minibatch_index, batch.num_minibatches)
         return loss
 
     def _policy_logits(self, minibatch: Minibatch) -> tuple[Tensor, Tensor | None]:
