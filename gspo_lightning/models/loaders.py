@@ -203,23 +203,30 @@ class TinyQwen3(PolicyLoader):
 
     def load_model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
         """A freshly initialised float32 ``Qwen3ForCausalLM`` sized for ``tokenizer``'s vocabulary."""
-        config = Qwen3Config(
-            vocab_size=len(tokenizer),
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads,
-            head_dim=self.hidden_size // self.num_heads,  # Qwen3 otherwise defaults to 128 whatever the width
-            intermediate_size=self.intermediate_size,
-            max_position_embeddings=self.max_position_embeddings,
-            tie_word_embeddings=True,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=None,
-            dtype="float32",
-        )
+        config = Qwen3Config(**self.config_settings(tokenizer), intermediate_size=self.intermediate_size)
+        return self.initialise(Qwen3ForCausalLM, config)
+
+    def config_settings(self, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+        """The model-config fields every tiny Qwen3 shares: shape, vocabulary, special tokens, float32."""
+        return {
+            "vocab_size": len(tokenizer),
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.hidden_size // self.num_heads,  # Qwen3 otherwise defaults to 128 whatever the width
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": True,
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "bos_token_id": None,
+            "dtype": "float32",
+        }
+
+    def initialise(self, model_class: type[PreTrainedModel], config: Any) -> PreTrainedModel:
+        """``model_class(config)`` in float32, initialised from ``seed``."""
         # fork_rng: initialising from our own seed must not shift the caller's random stream
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            model = Qwen3ForCausalLM(config)
+            model = model_class(config)
         return model.to(torch.float32)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from gspo_lightning.models.char_tokenizer import DEFAULT_ALPHABET
@@ -62,26 +61,12 @@ class TinyQwen3Moe(TinyQwen3):
     def load_model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
         """A freshly initialised float32 ``Qwen3MoeForCausalLM`` sized for ``tokenizer``'s vocabulary."""
         config = Qwen3MoeConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads,
-            head_dim=self.hidden_size // self.num_heads,
+            **self.config_settings(tokenizer),
             intermediate_size=self.intermediate_size,
             moe_intermediate_size=self.moe_intermediate_size,
             num_experts=self.num_experts,
             num_experts_per_tok=self.num_experts_per_tok,
             norm_topk_prob=self.norm_topk_prob,
-            decoder_sparse_step=1,
-            max_position_embeddings=self.max_position_embeddings,
-            tie_word_embeddings=True,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=None,
-            dtype="float32",
+            decoder_sparse_step=1,  # every layer is an MoE layer
         )
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            model = Qwen3MoeForCausalLM(config)
-        return model.to(torch.float32)
+        return self.initialise(Qwen3MoeForCausalLM, config)
