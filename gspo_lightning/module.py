@@ -158,8 +158,7 @@ class GSPOModule(pl.LightningModule):
         else:
             routes = self._replay.enter_context(capture_routes(self.policy, tuple(minibatch.input_ids.shape)))
         logits = response_logits(self.policy, minibatch.input_ids, minibatch.attention_mask, length)
-        layers = minibatch.old_routes.shape[1]
-        current = torch.stack(routes.indices[:layers], dim=1)  # [n, layers, L, k]
+        current = routes.stacked(layers=minibatch.old_routes.shape[1])  # [n, layers, L, k]
         if not self.hparams.routing_replay:
             self._replay.close()
         return logits, expert_change_fraction(minibatch.old_routes, current, minibatch.attention_mask)

@@ -76,9 +76,10 @@ class _RouteCapture:
         self.batch_shape = batch_shape
         self.indices: list[Tensor] = []
 
-    def stacked(self) -> Tensor:
-        """[n, layers, L, k] int16 (int32 when experts do not fit)."""
-        return torch.stack(self.indices, dim=1)
+    def stacked(self, layers: int | None = None) -> Tensor:
+        """[n, layers, L, k] int16 (int32 when experts do not fit), from the first forward's ``layers`` routers
+        (a checkpointed backward re-runs the forward and records them again)."""
+        return torch.stack(self.indices[:layers], dim=1)
 
 
 def _as_routes(index: Tensor, batch_shape: tuple[int, int], num_experts: int) -> Tensor:

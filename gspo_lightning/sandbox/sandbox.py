@@ -148,9 +148,11 @@ class Sandbox:
             entry: the file to run.
             stdin: text fed to the program's standard input.
         """
+        return self._execute(files, entry, stdin, self.check())
+
+    def _execute(self, files: dict[str, str], entry: str, stdin: str, isolate: bool) -> SandboxResult:
         if entry not in files:
             raise ValueError(f"entry {entry!r} is not among the files {sorted(files)}")
-        isolate = self.check()
         slot = self._take_slot()
         private = Path(tempfile.mkdtemp(prefix="gspo-sandbox-"))
         try:
@@ -302,9 +304,8 @@ def isolation_unavailable_reason() -> str | None:
 def _probe_isolation() -> str | None:
     if not sys.platform.startswith("linux"):
         return f"namespaces are Linux-only (this is {sys.platform})"
-    probe = Sandbox(SandboxLimits(wall_time_s=30), isolation="off")
-    probe._isolate = True  # run one isolated program without asking whether we may
-    result = probe.run({"probe.py": "print('ok')"}, "probe.py")
+    probe = Sandbox(SandboxLimits(wall_time_s=30))
+    result = probe._execute({"probe.py": "print('ok')"}, "probe.py", stdin="", isolate=True)
     if result.error is not None:
         return result.error
     if not result.ok or result.stdout.strip() != "ok":
