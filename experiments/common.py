@@ -226,7 +226,17 @@ def _read_rows(path: Path) -> list[dict]:
 
 
 def run_and_report(
-    here: Path, variants, seeds, keys, flags, summarise, plot, png: str, columns: dict, replot: bool = False
+    here: Path,
+    variants,
+    seeds,
+    keys,
+    flags,
+    summarise,
+    plot,
+    png: str,
+    columns: dict,
+    replot: bool = False,
+    config: Path = QUICKSTART,
 ) -> None:
     """Run every variant for every seed (or, with ``replot``, reuse the committed ``curves.csv``), then write
     ``curves.csv``, ``results.csv`` and the plot, and print a table."""
@@ -234,7 +244,7 @@ def run_and_report(
         curves = _read_rows(here / "curves.csv")
         finished = [{k: row[k] for k in ("run", "seed", "seconds")} for row in _read_rows(here / "results.csv")]
     else:
-        curves, finished = run_variants(variants, seeds, keys, flags)
+        curves, finished = run_variants(variants, seeds, keys, flags, config)
     rows = summarise(curves, finished)
     write_csv(here / "curves.csv", curves)
     write_csv(here / "results.csv", rows)

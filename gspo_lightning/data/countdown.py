@@ -25,12 +25,12 @@ def is_heldout(numbers: str, target: str) -> bool:
     return zlib.crc32(f"{numbers}={target}".encode()) % HELDOUT_ONE_IN == 0
 
 
-def _combine(rng: random.Random, values: list[int]) -> int | None:
-    """Fold ``values`` into one integer with random operations; None where a draw is not allowed."""
-    pool = list(values)
+def _combine(rng: random.Random, values: list[int]) -> tuple[int, str] | None:
+    """Fold ``values`` into one integer with random operations: ``(value, expression)``, or None where a draw is
+    not allowed. The expression uses each value once and evaluates exactly to the value."""
+    pool = [(value, str(value)) for value in values]
     while len(pool) > 1:
-        a = pool.pop(rng.randrange(len(pool)))
-        b = pool.pop(rng.randrange(len(pool)))
+        (a, left), (b, right) = pool.pop(rng.randrange(len(pool))), pool.pop(rng.randrange(len(pool)))
         op = rng.choice("+-*/")
         if op == "+":
             value = a + b
@@ -42,8 +42,9 @@ def _combine(rng: random.Random, values: list[int]) -> int | None:
             if b == 0 or a % b != 0:
                 return None
             value = a // b
-        pool.append(value)
-    return pool[0]
+        pool.append((value, f"({left}{op}{right})"))
+    value, expression = pool[0]
+    return value, expression[1:-1]  # at least two values were combined: drop the outermost parentheses
 
 
 def countdown_problems(
@@ -55,6 +56,19 @@ def countdown_problems(
     combining at least two of them, each at most once, with ``+ - * /`` (exact divisions only) and differs
     from every given number.
     """
+    for problem in countdown_demonstrations(count, num_numbers, max_number, seed, heldout):
+        del problem["solution"]
+        yield problem
+
+
+def countdown_demonstrations(
+    count: int, num_numbers: int = 4, max_number: int = 100, seed: int = 0, heldout: bool = False
+) -> Iterator[dict[str, str]]:
+    """The problems of :func:`countdown_problems` (same seed, same problems), each with the ``"solution"``
+    expression its target was made from, e.g. ``{"numbers": "3 7 25 50", "target": "75", "solution": "(50-25)*3"}``.
+
+    For supervised demonstrations (a warm start); one solution among possibly many.
+    """
     if num_numbers < 2:
         raise ValueError(f"num_numbers must be >= 2, got {num_numbers}")
     if max_number < 2:
@@ -64,10 +78,10 @@ def countdown_problems(
     while produced < count:
         numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
         subset = rng.sample(numbers, rng.randint(2, num_numbers))
-        target = _combine(rng, subset)
-        accepted = target is not None and target > 0 and target not in numbers
+        combined = _combine(rng, subset)
+        accepted = combined is not None and combined[0] > 0 and combined[0] not in numbers
         text = " ".join(map(str, numbers))
-        if not accepted or is_heldout(text, str(target)) != heldout:
+        if not accepted or is_heldout(text, str(combined[0])) != heldout:
             rejected += 1
             if rejected > _MAX_CONSECUTIVE_REJECTIONS:
                 raise RuntimeError(
@@ -77,7 +91,7 @@ def countdown_problems(
             continue
         rejected = 0
         produced += 1
-        yield {"numbers": text, "target": str(target)}
+        yield {"numbers": text, "target": str(combined[0]), "solution": combined[1]}
 
 
 class CountdownTask(GeneratedTask):

@@ -1,9 +1,11 @@
 """Supervised warm start of the tiny policy, so RL starts from a model that already succeeds sometimes.
 
 A randomly initialised model never answers correctly, so every GSPO group would get the same reward and no
-learning signal. ``WarmStartedTinyQwen3`` first trains the tiny model on train-side arithmetic problems until
-its greedy exact-match accuracy reaches ``target_accuracy`` (low enough to leave RL something to improve),
-and caches the result on disk, keyed by a hash of every setting, so later runs and other ranks reuse it.
+learning signal. A warm start first trains the tiny model on train-side demonstrations of the task until its
+greedy accuracy reaches ``target_accuracy`` (low enough to leave RL something to improve), and caches the
+result on disk, keyed by a hash of every setting, so later runs and other ranks reuse it.
+``WarmStartedTinyQwen3`` does it for arithmetic (the quick start); ``CountdownWarmStartedTinyQwen3`` in
+:mod:`gspo_lightning.models.countdown_warm_start` for Countdown.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 import shutil
 import tempfile
 import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -35,22 +39,26 @@ CACHE_ENV_VAR = "GSPO_LIGHTNING_CACHE"
 _EVAL_SEED_OFFSET = 1_000_003  # evaluation problems come from a different stream than the training ones
 _EVAL_CHUNK = 256  # problems per generate call during evaluation
 _IGNORE_INDEX = -100  # label of tokens that carry no loss (prompt, padding)
-# what determines the trained weights besides the base model; hashed into the cache key
-_TRAINING_SETTINGS = (
-    "num_digits operations prompt_template max_steps batch_size lr target_accuracy eval_every eval_size seed".split()
-)
+# what determines the trained weights besides the base model and the task; hashed into the cache key
+_TRAINING_SETTINGS = "prompt_template max_steps batch_size lr target_accuracy eval_every eval_size seed".split()
 
 logger = logging.getLogger("gspo_lightning")
 
 
-class WarmStartedTinyQwen3(PolicyLoader):
-    """``TinyQwen3`` trained with supervised next-token loss on arithmetic until it is partly right."""
+class SupervisedWarmStart(PolicyLoader, ABC):
+    """A ``TinyQwen3`` trained with supervised next-token loss on a task's demonstrations until partly right.
+
+    Subclasses name the task: which settings define it, how demonstrations are drawn and what counts as a
+    correct completion. Demonstrations are dicts holding the prompt template's fields and the ``"answer"``
+    the model learns to write.
+    """
+
+    task_settings: tuple[str, ...] = ()
+    """Names of the subclass's attributes that define the task (part of the cache key)."""
 
     def __init__(
         self,
         base: TinyQwen3 | None = None,
-        num_digits: int = 3,
-        operations: str = "+",
         prompt_template: str = "{question}=",
         max_steps: int = 2000,
         batch_size: int = 64,
@@ -65,13 +73,11 @@ class WarmStartedTinyQwen3(PolicyLoader):
 
         Args:
             base: the untrained model (shape, tokenizer alphabet, init seed); ``TinyQwen3()`` when omitted.
-            num_digits: digits of each operand, as in the RL task.
-            operations: arithmetic operations to train on, a string of ``+-*``.
-            prompt_template: prompt format with a ``{question}`` field; must match the RL prompts.
+            prompt_template: prompt format with the task's fields; must match the RL prompts.
             max_steps: most optimizer steps, if ``target_accuracy`` is not reached before.
             batch_size: problems per optimizer step.
             lr: peak AdamW learning rate (after a short linear warmup).
-            target_accuracy: stop as soon as greedy exact-match accuracy on train-side problems reaches this.
+            target_accuracy: stop as soon as greedy accuracy on train-side problems reaches this.
             eval_every: measure accuracy every this many steps.
             eval_size: problems per accuracy measurement.
             seed: seed of the training data order and of torch's RNG during training.
@@ -86,8 +92,6 @@ class WarmStartedTinyQwen3(PolicyLoader):
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
         self.base = base if base is not None else TinyQwen3()
-        self.num_digits = num_digits
-        self.operations = operations
         self.prompt_template = prompt_template
         self.max_steps = max_steps
         self.batch_size = batch_size
@@ -97,18 +101,30 @@ class WarmStartedTinyQwen3(PolicyLoader):
         self.eval_size = eval_size
         self.seed = seed
         self.cache_dir = cache_dir
-        self._check_fits_context()
 
-    def _check_fits_context(self) -> None:
-        """Fail at configuration time, not after training starts, if a sample cannot fit the model."""
-        next(arithmetic_problems(1, self.num_digits, self.operations))  # validates digits and operations
-        widest = "9" * self.num_digits
-        prompt = self.prompt_template.format(question=f"{widest}{self.operations[0]}{widest}")
-        # a sum has a carry digit, a difference a sign, a product twice the digits; then eos
-        answer = max(
-            {"+": self.num_digits + 1, "-": self.num_digits + 1, "*": 2 * self.num_digits}[op] for op in self.operations
-        )
-        longest = len(prompt) + answer + 1
+    @abstractmethod
+    def demonstrations(self, count: int, seed: int) -> Iterator[dict[str, str]]:
+        """``count`` train-side demonstrations: the prompt template's fields and the ``"answer"``."""
+
+    @abstractmethod
+    def is_correct(self, demonstration: dict[str, str], completion: str) -> bool:
+        """Whether ``completion`` (decoded, up to its first eos) solves the demonstration's problem."""
+
+    @abstractmethod
+    def longest_demonstration(self) -> dict[str, str]:
+        """A demonstration at least as long as any the task can draw, to check it fits the model."""
+
+    def check_fits_model(self) -> None:
+        """Fail at configuration time, not after training starts, if a sample cannot fit the model.
+
+        Subclasses call it at the end of their constructor, once the task is set.
+        """
+        widest = self.longest_demonstration()
+        text = self.prompt_template.format(**widest) + widest["answer"]
+        unknown = sorted(set(text) - set(self.base.alphabet))
+        if unknown:
+            raise ValueError(f"base.alphabet lacks characters the task writes: {unknown}")
+        longest = len(text) + 1  # one token per character, then eos
         if longest > self.base.max_position_embeddings:
             raise ValueError(
                 f"samples of up to {longest} tokens do not fit base.max_position_embeddings="
@@ -117,7 +133,7 @@ class WarmStartedTinyQwen3(PolicyLoader):
 
     def settings(self) -> dict[str, Any]:
         """Everything that determines the trained weights: the cache key is a hash of it."""
-        named = {name: getattr(self, name) for name in _TRAINING_SETTINGS}
+        named = {name: getattr(self, name) for name in (*self.task_settings, *_TRAINING_SETTINGS)}
         return {"version": WARM_START_VERSION, "base": self.base.settings(), **named}
 
     def cache_path(self) -> Path:
@@ -141,6 +157,44 @@ class WarmStartedTinyQwen3(PolicyLoader):
         return model
 
 
+class WarmStartedTinyQwen3(SupervisedWarmStart):
+    """``TinyQwen3`` trained on arithmetic (the quick-start task) until it is partly right.
+
+    A randomly initialised model never answers correctly, so every GSPO group would get the same reward and no
+    learning signal. This loader first trains the tiny model on train-side problems until its greedy
+    exact-match accuracy reaches ``target_accuracy`` (low enough to leave RL something to improve), and caches
+    the result on disk, keyed by a hash of every setting, so later runs and other ranks reuse it.
+    """
+
+    task_settings = ("num_digits", "operations")
+
+    def __init__(self, num_digits: int = 3, operations: str = "+", **kwargs: Any) -> None:
+        """
+        Args:
+            num_digits: digits of each operand, as in the RL task.
+            operations: arithmetic operations to train on, a string of ``+-*``.
+        """
+        super().__init__(**kwargs)
+        next(arithmetic_problems(1, num_digits, operations))  # validates digits and operations
+        self.num_digits = num_digits
+        self.operations = operations
+        self.check_fits_model()
+
+    def demonstrations(self, count: int, seed: int) -> Iterator[dict[str, str]]:
+        return arithmetic_problems(count, self.num_digits, self.operations, seed=seed)
+
+    def is_correct(self, demonstration: dict[str, str], completion: str) -> bool:
+        return completion == demonstration["answer"]
+
+    def longest_demonstration(self) -> dict[str, str]:
+        widest = "9" * self.num_digits
+        # a sum has a carry digit, a difference a sign, a product twice the digits
+        answer = max(
+            {"+": self.num_digits + 1, "-": self.num_digits + 1, "*": 2 * self.num_digits}[op] for op in self.operations
+        )
+        return {"question": f"{widest}{self.operations[0]}{widest}", "answer": "9" * answer}
+
+
 def cache_root(cache_dir: str | None = None) -> Path:
     """Root of gspo_lightning's caches: ``cache_dir``, else ``$GSPO_LIGHTNING_CACHE``, else ``~/.cache``."""
     if cache_dir:
@@ -156,7 +210,7 @@ def settings_hash(settings: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def ensure_cached(loader: WarmStartedTinyQwen3, path: Path) -> None:
+def ensure_cached(loader: SupervisedWarmStart, path: Path) -> None:
     """Train and save the warm start at ``path`` unless it is already there.
 
     The file lock makes concurrent processes (DDP ranks started together) wait for the first one to finish
@@ -194,7 +248,7 @@ def _save_atomically(
 
 
 def train_warm_start(
-    loader: WarmStartedTinyQwen3, tokenizer: PreTrainedTokenizerBase
+    loader: SupervisedWarmStart, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[PreTrainedModel, dict[str, Any]]:
     """Train ``loader.base``'s model until it reaches the target accuracy; return it and a report."""
     start = time.monotonic()
@@ -206,9 +260,8 @@ def train_warm_start(
         optimizer = torch.optim.AdamW(model.parameters(), lr=loader.lr, weight_decay=0.0)
         warmup = max(1, min(100, loader.max_steps // 10))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-        task = {"num_digits": loader.num_digits, "operations": loader.operations}
-        train_stream = arithmetic_problems(loader.max_steps * loader.batch_size, **task, seed=loader.seed)
-        eval_problems = list(arithmetic_problems(loader.eval_size, **task, seed=loader.seed + _EVAL_SEED_OFFSET))
+        train_stream = loader.demonstrations(loader.max_steps * loader.batch_size, loader.seed)
+        eval_problems = list(loader.demonstrations(loader.eval_size, loader.seed + _EVAL_SEED_OFFSET))
         losses: list[float] = []
         history: list[dict[str, float]] = []
         for step in range(1, loader.max_steps + 1):
@@ -216,7 +269,7 @@ def train_warm_start(
             losses.append(_optimizer_step(model, optimizer, schedule, batch))
             if step % loader.eval_every and step < loader.max_steps:
                 continue
-            accuracy = evaluate_accuracy(model, tokenizer, eval_problems, loader.prompt_template)
+            accuracy = evaluate_accuracy(model, tokenizer, eval_problems, loader)
             recent = losses[-loader.eval_every :]
             seconds = round(time.monotonic() - start, 2)
             history.append({"step": step, "loss": sum(recent) / len(recent), "accuracy": accuracy, "seconds": seconds})
@@ -229,7 +282,7 @@ def train_warm_start(
 
 
 def _report(
-    loader: WarmStartedTinyQwen3, history: list[dict[str, float]], losses: list[float], seconds: float
+    loader: SupervisedWarmStart, history: list[dict[str, float]], losses: list[float], seconds: float
 ) -> dict[str, Any]:
     """The ``warm_start.json`` content: what was trained, how long it took and what it reached."""
     accuracy = history[-1]["accuracy"]
@@ -276,7 +329,7 @@ def training_batch(
     """
     rows, label_rows = [], []
     for problem in problems:
-        prompt = tokenizer.encode(prompt_template.format(question=problem["question"]), add_special_tokens=False)
+        prompt = tokenizer.encode(prompt_template.format(**problem), add_special_tokens=False)
         target = tokenizer.encode(problem["answer"], add_special_tokens=False) + [tokenizer.eos_token_id]
         rows.append(prompt + target)
         label_rows.append([_IGNORE_INDEX] * len(prompt) + target)
@@ -293,16 +346,16 @@ def evaluate_accuracy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     problems: list[dict[str, str]],
-    prompt_template: str,
+    loader: SupervisedWarmStart,
 ) -> float:
-    """Greedy exact-match accuracy: the completion up to its first eos must equal the answer."""
+    """Greedy accuracy: the fraction of completions (up to their first eos) ``loader.is_correct`` accepts."""
     was_training = model.training
     model.eval()
     max_new_tokens = max(len(tokenizer.encode(p["answer"], add_special_tokens=False)) for p in problems) + 1
     correct = 0
     for begin in range(0, len(problems), _EVAL_CHUNK):
         chunk = problems[begin : begin + _EVAL_CHUNK]
-        prompts = [prompt_template.format(question=p["question"]) for p in chunk]
+        prompts = [loader.prompt_template.format(**p) for p in chunk]
         inputs = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
         output = model.generate(
             **inputs,
@@ -314,6 +367,6 @@ def evaluate_accuracy(
         for problem, completion in zip(chunk, output[:, inputs["input_ids"].shape[1] :].tolist(), strict=True):
             if tokenizer.eos_token_id in completion:
                 completion = completion[: completion.index(tokenizer.eos_token_id)]
-            correct += tokenizer.decode(completion) == problem["answer"]
+            correct += loader.is_correct(problem, tokenizer.decode(completion))
     model.train(was_training)
     return correct / len(problems)
