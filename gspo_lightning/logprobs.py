@@ -2,12 +2,42 @@
 
 The same function computes pi_old's log-probs right after sampling and pi_theta's in ``training_step``, on the
 same tensors, so that on the first minibatch of a round the ratio is exactly 1.
+
+By default the LM head runs chunked over tokens (:mod:`gspo_lightning.chunked_logprobs`), so the [n, R, V]
+float32 logits never exist: while the policy's forward runs, its head's ``forward`` is swapped for one that
+returns the log-probs of the response tokens. The head's weight is read inside the policy's own forward, where
+FSDP has gathered it, and the log-probs are the forward's output, so FSDP gathers it again before their backward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
+
+from gspo_lightning.chunked_logprobs import chunked_head_logprobs
+
+DEFAULT_CHUNK_SIZE = 1024
+"""Response tokens per LM-head chunk: [1024, V] float32 scores exist at a time (622 MB at V = 151,936)."""
+# Config fields of models whose forward transforms the head's output (soft-capping, scaling): those models
+# keep the materialised path, since the transform would be applied to log-probs.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """What the policy says about each response token.
+
+    Attributes:
+        logprobs: [n, R] float32 log-probabilities of the response tokens (differentiable).
+        entropy: [n, R] float32 entropy of each position's distribution (no gradient), or None.
+    """
+
+    logprobs: Tensor
+    entropy: Tensor | None = None
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -60,12 +90,89 @@ def response_logits(policy: nn.Module, input_ids: Tensor, attention_mask: Tensor
 
 
 def response_logprobs(
-    policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int, temperature: float = 1.0
+    policy: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> Tensor:
     """Log-probs [n, R] (float32) of the last ``response_length`` tokens of ``input_ids`` under ``policy``.
 
     ``temperature`` is the sampling temperature: the log-probs are those of the distribution that was sampled.
-    Positions past EOS hold values the caller must mask.
+    Positions past EOS hold values the caller must mask. See :func:`response_scores` for ``chunk_size``.
     """
-    logits = response_logits(policy, input_ids, attention_mask, response_length)  # [n, R, V]
-    return token_logprobs(logits, input_ids[:, -response_length:], temperature)
+    return response_scores(policy, input_ids, attention_mask, response_length, temperature, chunk_size).logprobs
+
+
+def response_scores(
+    policy: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    with_entropy: bool = False,
+) -> TokenScores:
+    """Log-probs (and optionally entropies) of the last ``response_length`` tokens of ``input_ids``.
+
+    Args:
+        policy: a Hugging Face causal LM, possibly wrapped (FSDP, DDP, peft).
+        input_ids: [n, L] left-padded prompt followed by the response.
+        attention_mask: [n, L].
+        response_length: R, the number of trailing response columns.
+        temperature: the sampling temperature.
+        chunk_size: response tokens per LM-head chunk; 0 materialises the [n, R, V] logits instead (the naive
+            path, also taken when the head is not a plain ``nn.Linear`` or the model transforms its output).
+        with_entropy: also return each position's entropy.
+    """
+    tokens = input_ids[:, -response_length:]  # [n, R]
+    head = chunkable_head(policy) if chunk_size > 0 else None
+    if head is None:
+        logits = response_logits(policy, input_ids, attention_mask, response_length)  # [n, R, V]
+        entropy = token_entropy(logits.detach(), temperature) if with_entropy else None
+        return TokenScores(token_logprobs(logits, tokens, temperature), entropy)
+    entropies: list[Tensor | None] = []
+
+    def head_logprobs(hidden: Tensor) -> Tensor:  # [n, R + 1, H] the positions logits_to_keep kept
+        logprobs, entropy = chunked_head_logprobs(
+            hidden[:, :-1], head.weight, tokens, temperature, chunk_size, head.bias, with_entropy
+        )  # [n, R], [n, R] or None
+        entropies.append(entropy)
+        return logprobs  # [n, R] stands in for the logits the model returns
+
+    with replaced_forward(head, head_logprobs):
+        output = policy(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            logits_to_keep=response_length + 1,
+            use_cache=False,
+        )
+    return TokenScores(output.logits, entropies[-1])
+
+
+def chunkable_head(policy: nn.Module) -> nn.Linear | None:
+    """The policy's LM head if log-probs can be computed from it chunk by chunk, else None."""
+    get_head = getattr(policy, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if type(head) is not nn.Linear:  # e.g. a peft wrapper, or no head at all
+        return None
+    config = getattr(policy, "config", None)
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+        return None
+    return head
+
+
+@contextmanager
+def replaced_forward(module: nn.Module, forward: Callable[..., Tensor]) -> Iterator[None]:
+    """Calls of ``module`` run ``forward`` instead, until the context exits (then any previous override is back)."""
+    previous = module.__dict__.get("forward")
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if previous is None:
+            del module.forward
+        else:
+            module.forward = previous

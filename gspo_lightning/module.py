@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
-from gspo_lightning.logprobs import response_logits, token_entropy, token_logprobs
+from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, response_scores
 from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
 from gspo_lightning.objectives import ObjectiveSpec, objective_loss, resolve_objective
@@ -50,6 +50,9 @@ class GSPOModule(pl.LightningModule):
         temperature: temperature of the log-probs; linked to the sampler's sampling temperature by the CLI.
         reference_on_cpu: keep the KL reference policy (only built when kl_coef > 0) on the CPU.
         log_entropy: log the policy's mean token entropy on the response tokens (one extra softmax).
+        logprob_chunk_size: response tokens per chunk of the LM head when computing log-probs, so the
+            [n, R, V] float32 logits never exist; 0 materialises them (the naive path, more memory). pi_old's
+            log-probs are computed the same way.
         max_new_tokens: longest response, for the length buckets of the clip diagnostics; linked from the sampler.
         routing_replay: mixture-of-experts policies only: force the experts pi_old activated for each token in
             pi_theta's forward (GSPO section 4.3), the router still receiving gradient through the forced
@@ -70,6 +73,7 @@ class GSPOModule(pl.LightningModule):
         log_entropy: bool = True,
         max_new_tokens: int = 256,
         routing_replay: bool = False,
+        logprob_chunk_size: int = DEFAULT_CHUNK_SIZE,
     ) -> None:
         super().__init__()
         self.objective = _resolve(objective)
@@ -77,6 +81,9 @@ class GSPOModule(pl.LightningModule):
         self.eps_low = default_low if eps_low is None else eps_low
         self.eps_high = default_high if eps_high is None else eps_high
         _validate(self.eps_low, self.eps_high, lr, weight_decay, warmup_steps, temperature)
+        require(
+            logprob_chunk_size >= 0, f"model.logprob_chunk_size must be >= 0 (0: no chunking), got {logprob_chunk_size}"
+        )
         self.save_hyperparameters()
         self.policy_loader = policy
         self.tokenizer = policy.load_tokenizer()
@@ -117,8 +124,8 @@ class GSPOModule(pl.LightningModule):
         minibatch = batch.minibatch
         if minibatch is None:
             raise RuntimeError("training_step got no minibatch: add gspo_lightning.GroupSampler to the callbacks")
-        logits, expert_change = self._policy_logits(minibatch)  # [n, R, V], [layers] or None
-        logprobs = token_logprobs(logits, minibatch.response_ids, self.hparams.temperature)  # [n, R]
+        scores, expert_change = self._policy_scores(minibatch)  # [n, R] each, [layers] or None
+        logprobs = scores.logprobs  # [n, R]
         loss, stats = objective_loss(
             self.objective,
             logprobs,
@@ -134,34 +141,50 @@ class GSPOModule(pl.LightningModule):
             # Returning no loss skips backward and the update; NonFiniteGuard counts the skipped step.
             self.log("faults/nonfinite_loss", 1.0, batch_size=len(minibatch))
             return None
-        if self.hparams.log_entropy:
-            stats["entropy"] = _mean_entropy(logits.detach(), minibatch, self.hparams.temperature)
+        if scores.entropy is not None:
+            stats["entropy"] = _mean_entropy(scores.entropy, minibatch)
         log_step_metrics(self, loss, stats, logprobs.detach(), minibatch, batch.minibatch_index, batch.num_minibatches)
         if expert_change is not None:
             log_expert_change(self, expert_change, len(minibatch), batch.minibatch_index, batch.num_minibatches)
         return loss
 
-    def _policy_logits(self, minibatch: Minibatch) -> tuple[Tensor, Tensor | None]:
-        """pi_theta's response logits, with pi_old's experts forced under Routing Replay; for MoE policies also
-        the per-layer fraction of experts pi_theta's routers choose that pi_old's did not."""
+    @property
+    def logprob_chunk_size(self) -> int:
+        """LM-head chunk size of every log-prob computation of this policy (the sampler's pi_old too)."""
+        return self.hparams.logprob_chunk_size
+
+    def _response_scores(self, minibatch: Minibatch) -> TokenScores:
         length = minibatch.response_ids.shape[1]
+        return response_scores(
+            self.policy,
+            minibatch.input_ids,
+            minibatch.attention_mask,
+            length,
+            self.hparams.temperature,
+            self.logprob_chunk_size,
+            with_entropy=self.hparams.log_entropy,
+        )
+
+    def _policy_scores(self, minibatch: Minibatch) -> tuple[TokenScores, Tensor | None]:
+        """pi_theta's response log-probs, with pi_old's experts forced under Routing Replay; for MoE policies
+        also the per-layer fraction of experts pi_theta's routers choose that pi_old's did not."""
         if minibatch.old_routes is None:
             if self.hparams.routing_replay:
                 raise RuntimeError(
                     "model.routing_replay=true but the minibatch carries no recorded experts: they are recorded "
                     "by the old-policy forward, so set sampler.old_logprobs: recompute"
                 )
-            return response_logits(self.policy, minibatch.input_ids, minibatch.attention_mask, length), None
+            return self._response_scores(minibatch), None
         if self.hparams.routing_replay:
             # Kept open until after backward: activation checkpointing re-runs the forward there.
             routes = self._replay.enter_context(replay_routes(self.policy, minibatch.old_routes))
         else:
             routes = self._replay.enter_context(capture_routes(self.policy, tuple(minibatch.input_ids.shape)))
-        logits = response_logits(self.policy, minibatch.input_ids, minibatch.attention_mask, length)
+        scores = self._response_scores(minibatch)
         current = routes.stacked(layers=minibatch.old_routes.shape[1])  # [n, layers, L, k]
         if not self.hparams.routing_replay:
             self._replay.close()
-        return logits, expert_change_fraction(minibatch.old_routes, current, minibatch.attention_mask)
+        return scores, expert_change_fraction(minibatch.old_routes, current, minibatch.attention_mask)
 
     def on_after_backward(self) -> None:
         # Forced routing ends with the backward pass (which re-runs checkpointed forwards), before any callback
@@ -191,11 +214,9 @@ class GSPOModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def _mean_entropy(logits: Tensor, minibatch: Minibatch, temperature: float) -> Tensor:
-    with torch.no_grad():
-        entropy = token_entropy(logits, temperature)  # [n, R]
-        mask = minibatch.response_mask.bool()  # [n, R]
-        return torch.where(mask, entropy, torch.zeros_like(entropy)).sum() / mask.sum().clamp(min=1)
+def _mean_entropy(entropy: Tensor, minibatch: Minibatch) -> Tensor:
+    mask = minibatch.response_mask.bool()  # [n, R]
+    return torch.where(mask, entropy, torch.zeros_like(entropy)).sum() / mask.sum().clamp(min=1)
 
 
 def _resolve(objective: str | ObjectiveSpec) -> ObjectiveSpec:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from gspo_lightning.logprobs import response_logprobs
+from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, response_logprobs
 from gspo_lightning.moe.routing import capture_routes
 from gspo_lightning.rollout.types import Minibatch, Rollout
 
@@ -45,6 +45,7 @@ def split_minibatches(
     policy: nn.Module,
     temperature: float = 1.0,
     reference: nn.Module | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> list[Minibatch]:
     """Cut the rollout into K contiguous minibatches and attach pi_old's per-token log-probs to each.
 
@@ -65,10 +66,14 @@ def split_minibatches(
         else:
             with capture_routes(policy, tuple(input_ids.shape)) as routes:  # MoE: pi_old's experts per token
                 old_logprobs = response_logprobs(
-                    policy, input_ids, attention_mask, response_ids.shape[1], temperature
+                    policy, input_ids, attention_mask, response_ids.shape[1], temperature, chunk_size
                 )  # [n, R']
-        ref_logprobs = None if reference is None else _reference_logprobs(
-            reference, input_ids, attention_mask, response_ids.shape[1], temperature
+        ref_logprobs = (
+            None
+            if reference is None
+            else _reference_logprobs(
+                reference, input_ids, attention_mask, response_ids.shape[1], temperature, chunk_size
+            )
         )  # [n, R']
         minibatches.append(
             Minibatch(
@@ -87,11 +92,16 @@ def split_minibatches(
 
 
 def _reference_logprobs(
-    reference: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int, temperature: float
+    reference: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_length: int,
+    temperature: float,
+    chunk_size: int,
 ) -> Tensor:
     """pi_ref's log-probs, computed where the reference lives and returned on the policy's device."""
     device = next(reference.parameters()).device
     logprobs = response_logprobs(
-        reference, input_ids.to(device), attention_mask.to(device), response_length, temperature
+        reference, input_ids.to(device), attention_mask.to(device), response_length, temperature, chunk_size
     )  # [n, R]
     return logprobs.float().to(input_ids.device)

@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE
 from gspo_lightning.metric_logging import log_across_ranks
 from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale
 from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
@@ -207,6 +208,7 @@ class GroupSampler(Callback):
                 pl_module.policy,
                 self.settings.temperature,
                 reference=getattr(pl_module, "reference_policy", None),
+                chunk_size=getattr(pl_module, "logprob_chunk_size", DEFAULT_CHUNK_SIZE),
             )
             self._round_seconds["old_logprob_s"] = time.perf_counter() - started
         self._stats = rollout_stats(rollout, self.group_size)
@@ -292,4 +294,3 @@ class GroupSampler(Callback):
         self._minibatches = [Minibatch(**fields) for fields in local["minibatches"]]
         self._stats = local["stats"]
         self._pending_rng = local["rng"]
-
