@@ -2,21 +2,38 @@
 
 The naive path ``log_softmax((hidden @ W.T).float())`` holds several [N, V] float32 tensors at once (the
 logits, the log-softmax output kept for backward, and in backward its gradient and the logits' gradient). For
-a 152k vocabulary and 8 x 1024 tokens each is 5 GB. Here the head is applied to ``chunk_size`` tokens at a time:
-forward keeps only the log-sum-exp [N], backward recomputes each chunk's logits and turns them into gradients
-for the hidden states and the head weight straight away, so at most one chunk's [C, V] scores exist at a time.
+a 152k vocabulary and 8 x 1024 tokens each is 5 GB. Here the head is applied to ``chunk_size`` tokens at a
+time, and at most one chunk's [C, V] scores exist at once.
 
-The per-token result is the same function as :func:`gspo_lightning.logprobs.token_logprobs` of the head's
-logits: ``log softmax(logits / temperature)[token]`` in float32, with the matmul done in the dtype the naive
-path would use (the weight's, or autocast's when it is on), so values and gradients agree to float tolerance.
+Backward needs each chunk's softmax again. Two ways to have it:
+
+- recompute: forward keeps only the log-sum-exp [N]; backward recomputes every chunk's logits (one more
+  matmul than the naive path, about 4/3 of its time where the matmuls dominate, as on a CPU);
+- predicted upstream gradient: the caller passes ``predict_upstream``, which gives d loss / d logprobs for a
+  chunk of whole responses from their log-probs alone (true of every objective in
+  :mod:`gspo_lightning.objectives`: the loss is a sum over responses with normalisers fixed by the masks).
+  Forward then turns each chunk's softmax into the hidden-state and weight gradients while it still has it,
+  which is the naive path's matmul count. Backward checks the gradient that actually arrives against the
+  prediction: a uniform scale (loss scaling, gradient accumulation) is applied to the stored gradients; any
+  other difference is added exactly by the recompute path. The result is exact either way.
+
+The per-token result is :func:`gspo_lightning.logprobs.token_logprobs` of the head's logits:
+``log softmax(logits / temperature)[token]`` in float32, the matmul in the dtype the naive path would use
+(the weight's, or autocast's when it is on), so values and gradients agree to float tolerance.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+UpstreamPredictor = Callable[[Tensor, slice], Tensor]
+"""``(logprobs [k, R] of responses ``rows``, rows) -> d loss / d logprobs [k, R]`` for those responses."""
+
+_PREDICTION_RTOL = 1e-5  # residual, relative to the arriving gradient, under which the prediction is used as is
 
 
 @dataclass(frozen=True)
@@ -24,7 +41,7 @@ class _HeadSpec:
     """How the head's matmul is computed, fixed at forward time so backward recomputes the same logits."""
 
     temperature: float
-    chunk_size: int
+    chunk_size: int  # tokens per chunk; with a predictor, a whole number of responses
     compute_dtype: torch.dtype
 
 
@@ -36,63 +53,138 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _chunk_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, spec: _HeadSpec) -> Tensor:
-    """float32 ``logits / temperature`` of one chunk: [C, H] -> [C, V]."""
-    with torch.autocast(hidden.device.type, enabled=False):  # the dtype is chosen explicitly below
-        logits = hidden.to(spec.compute_dtype) @ weight.to(spec.compute_dtype).T  # [C, V]
+def _chunk_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, spec: _HeadSpec, out: Tensor) -> Tensor:
+    """float32 ``logits / temperature`` of one chunk, [C, H] -> [C, V], written into ``out`` ([>= C, V]).
+
+    One buffer serves every chunk: a fresh [C, V] tensor per chunk would be fresh pages (and page faults) each
+    time on the CPU, where large allocations go straight back to the operating system.
+    """
+    scores = out[: hidden.shape[0]]  # [C, V]
+    with torch.autocast(hidden.device.type, enabled=False):  # the dtype is chosen explicitly
+        if spec.compute_dtype == torch.float32:
+            torch.matmul(hidden.float(), weight.float().T, out=scores)
+        else:
+            scores.copy_(hidden.to(spec.compute_dtype) @ weight.to(spec.compute_dtype).T)
         if bias is not None:
-            logits = logits + bias.to(spec.compute_dtype)
-    return logits.float().div_(spec.temperature)  # [C, V]
+            scores += bias.to(spec.compute_dtype).float()
+    return scores.div_(spec.temperature) if spec.temperature != 1.0 else scores
+
+
+def _normalise_in_place(scores: Tensor) -> tuple[Tensor, Tensor]:
+    """Turn ``scores`` [C, V] into softmax probabilities in place; returns them and the log-sum-exp [C]."""
+    largest = scores.amax(dim=-1, keepdim=True)  # [C, 1]
+    total = scores.sub_(largest).exp_().sum(dim=-1, keepdim=True)  # [C, 1]
+    return scores.div_(total), (largest + total.log()).squeeze(-1)
+
+
+@dataclass
+class _HeadGrads:
+    """Gradients of the head's inputs, accumulated chunk by chunk (float32 for the weight and bias)."""
+
+    hidden: Tensor | None  # [N, H]
+    weight: Tensor | None  # [V, H]
+    bias: Tensor | None  # [V]
+
+    @classmethod
+    def zeros(cls, hidden: Tensor, weight: Tensor, bias: Tensor | None, needed: tuple[bool, ...]) -> _HeadGrads:
+        return cls(
+            torch.zeros_like(hidden) if needed[0] else None,
+            torch.zeros_like(weight, dtype=torch.float32) if needed[1] else None,
+            torch.zeros_like(bias, dtype=torch.float32) if needed[2] and bias is not None else None,
+        )
+
+    def add_chunk(self, probs: Tensor, upstream: Tensor, tokens: Tensor, hidden: Tensor, weight: Tensor,
+                  spec: _HeadSpec, rows: slice) -> None:  # fmt: skip
+        """Add one chunk's share, given its softmax [C, V] (overwritten) and d loss / d logprobs [C]."""
+        upstream = upstream.float() / spec.temperature  # d scores / d logits = 1 / temperature
+        # d logp(token) / d scores = onehot(token) - softmax
+        grad_scores = probs.mul_(-upstream[:, None])  # [C, V]
+        grad_scores.scatter_add_(-1, tokens[:, None], upstream[:, None])
+        if self.bias is not None:
+            self.bias += grad_scores.sum(0)
+        with torch.autocast(grad_scores.device.type, enabled=False):
+            grad_logits = grad_scores.to(spec.compute_dtype)  # [C, V] as the naive matmul's backward sees it
+            if self.hidden is not None:
+                self.hidden[rows] += (grad_logits @ weight.to(spec.compute_dtype)).to(self.hidden.dtype)  # [C, H]
+            if self.weight is not None and spec.compute_dtype == torch.float32:
+                self.weight.addmm_(grad_logits.T, hidden.float())  # [V, H] accumulated without a temporary
+            elif self.weight is not None:
+                self.weight += (grad_logits.T @ hidden.to(spec.compute_dtype)).float()  # [V, H]
+
+    def scaled(self, scale: float, weight: Tensor, bias: Tensor | None) -> tuple[Tensor | None, ...]:
+        """The gradients times ``scale``, in the dtypes of the tensors they belong to."""
+        grads = []
+        for grad, like in ((self.hidden, None), (self.weight, weight), (self.bias, bias)):
+            grad = None if grad is None else grad * scale
+            grads.append(grad if grad is None or like is None else grad.to(like.dtype))
+        return tuple(grads)
+
+
+def _recomputed_grads(ctx, upstream: Tensor) -> _HeadGrads:
+    """The head's input gradients for ``upstream`` [N], recomputing each chunk's softmax from the inputs."""
+    hidden, weight, bias, tokens, log_normaliser = ctx.saved_tensors[:5]
+    spec: _HeadSpec = ctx.spec
+    grads = _HeadGrads.zeros(hidden, weight, bias, ctx.needs_input_grad[:3])
+    buffer = hidden.new_empty(min(spec.chunk_size, hidden.shape[0]), weight.shape[0], dtype=torch.float32)
+    for begin in range(0, hidden.shape[0], spec.chunk_size):
+        rows = slice(begin, begin + spec.chunk_size)
+        scores = _chunk_scores(hidden[rows], weight, bias, spec, buffer)  # [C, V]
+        probs = scores.sub_(log_normaliser[rows, None]).exp_()  # [C, V]
+        grads.add_chunk(probs, upstream[rows], tokens[rows], hidden[rows], weight, spec, rows)
+    return grads
 
 
 class _ChunkedHeadLogprobs(torch.autograd.Function):
     """``(hidden [N, H], weight [V, H], bias [V] | None, tokens [N]) -> (logprobs [N], entropy [N])``."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, spec: _HeadSpec, with_entropy: bool):
+    def forward(ctx, hidden, weight, bias, tokens, spec: _HeadSpec, with_entropy: bool, predict, row_length: int):
         logprobs = hidden.new_empty(hidden.shape[0], dtype=torch.float32)  # [N]
-        log_normaliser = torch.empty_like(logprobs)  # [N] logsumexp, the only thing backward needs
+        log_normaliser = torch.empty_like(logprobs)  # [N] logsumexp
         entropy = torch.zeros_like(logprobs)  # [N]
+        predicted = torch.zeros_like(logprobs) if predict is not None else None  # [N] d loss / d logprobs
+        grads = _HeadGrads.zeros(hidden, weight, bias, ctx.needs_input_grad[:3]) if predict is not None else None
+        buffer = hidden.new_empty(min(spec.chunk_size, hidden.shape[0]), weight.shape[0], dtype=torch.float32)
         for begin in range(0, hidden.shape[0], spec.chunk_size):
             rows = slice(begin, begin + spec.chunk_size)
-            scores = _chunk_scores(hidden[rows], weight, bias, spec)  # [C, V]
-            log_normaliser[rows] = torch.logsumexp(scores, dim=-1)  # [C]
-            logprobs[rows] = scores.gather(-1, tokens[rows, None]).squeeze(-1) - log_normaliser[rows]  # [C]
+            scores = _chunk_scores(hidden[rows], weight, bias, spec, buffer)  # [C, V]
+            chosen = scores.gather(-1, tokens[rows, None]).squeeze(-1)  # [C]
+            probs, log_normaliser[rows] = _normalise_in_place(scores)  # [C, V], [C]
+            logprobs[rows] = chosen - log_normaliser[rows]
             if with_entropy:
-                probs = scores.sub_(log_normaliser[rows, None]).exp_()  # [C, V] softmax, in place
                 entropy[rows] = torch.special.entr(probs).sum(-1)  # [C] sum of -p log p
-        ctx.save_for_backward(hidden, weight, bias, tokens, log_normaliser)
-        ctx.spec = spec
+            if predict is not None:  # whole responses: their gradient is known now
+                responses = slice(begin // row_length, (begin + scores.shape[0]) // row_length)
+                predicted[rows] = predict(logprobs[rows].view(-1, row_length), responses).reshape(-1)
+                grads.add_chunk(probs, predicted[rows], tokens[rows], hidden[rows], weight, spec, rows)
+        ctx.save_for_backward(hidden, weight, bias, tokens, log_normaliser, predicted)
+        ctx.spec, ctx.grads = spec, grads
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
     @staticmethod
     def backward(ctx, grad_logprobs, _grad_entropy):
-        hidden, weight, bias, tokens, log_normaliser = ctx.saved_tensors
-        spec: _HeadSpec = ctx.spec
-        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None  # [N, H]
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None  # [V, H]
-        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None  # [V]
+        weight, bias, predicted = ctx.saved_tensors[1], ctx.saved_tensors[2], ctx.saved_tensors[5]
         grad_logprobs = grad_logprobs.float()  # [N]
-        for begin in range(0, hidden.shape[0], spec.chunk_size):
-            rows = slice(begin, begin + spec.chunk_size)
-            probs = _chunk_scores(hidden[rows], weight, bias, spec).sub_(log_normaliser[rows, None]).exp_()  # [C, V]
-            # d logp(token) / d scores = onehot(token) - softmax; d scores / d logits = 1 / temperature
-            grad_scores = probs.mul_(-grad_logprobs[rows, None])  # [C, V]
-            grad_scores.scatter_add_(-1, tokens[rows, None], grad_logprobs[rows, None])
-            grad_scores.div_(spec.temperature)
-            with torch.autocast(hidden.device.type, enabled=False):
-                grad_logits = grad_scores.to(spec.compute_dtype)  # [C, V] as the naive matmul's backward sees it
-                if need_hidden:
-                    grad_hidden[rows] = (grad_logits @ weight.to(spec.compute_dtype)).to(hidden.dtype)  # [C, H]
-                if need_weight:
-                    grad_weight += (grad_logits.T @ hidden[rows].to(spec.compute_dtype)).float()  # [V, H]
-            if need_bias:
-                grad_bias += grad_scores.sum(0)
-        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
-        grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+        if predicted is None:
+            return (*_recomputed_grads(ctx, grad_logprobs).scaled(1.0, weight, bias), None, None, None, None, None)
+        scale, residual = _fit_scale(predicted, grad_logprobs)
+        grads = ctx.grads.scaled(scale, weight, bias)
+        if residual is not None:  # the prediction was not the gradient: add the difference exactly
+            correction = _recomputed_grads(ctx, residual).scaled(1.0, weight, bias)
+            grads = tuple(None if g is None else g + c for g, c in zip(grads, correction, strict=True))
+        ctx.grads = None
+        return (*grads, None, None, None, None, None)
+
+
+def _fit_scale(predicted: Tensor, actual: Tensor) -> tuple[float, Tensor | None]:
+    """``actual ~= scale * predicted``: the least-squares scale, and the residual unless it is negligible."""
+    norm = predicted.dot(predicted)
+    scale = float(actual.dot(predicted) / norm) if norm > 0 else 0.0
+    residual = actual - scale * predicted  # [N]
+    if residual.abs().max() <= _PREDICTION_RTOL * actual.abs().max():
+        return scale, None
+    return scale, residual
 
 
 def chunked_head_logprobs(
@@ -103,17 +195,22 @@ def chunked_head_logprobs(
     chunk_size: int = 1024,
     bias: Tensor | None = None,
     with_entropy: bool = False,
+    predict_upstream: UpstreamPredictor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and optionally entropies) of ``tokens`` under ``softmax((hidden @ weight.T + bias) / T)``.
 
     Args:
-        hidden: [..., H] final hidden states (after the model's last norm), one per predicted token.
+        hidden: [..., H] final hidden states (after the model's last norm), one per predicted token; [n, R, H]
+            with ``predict_upstream``.
         weight: [V, H] the LM head's weight.
         tokens: [...] the token each hidden state predicts.
         temperature: the sampling temperature the scores are for.
-        chunk_size: tokens whose [chunk_size, V] float32 scores exist at once; trades memory for launches.
+        chunk_size: tokens whose [chunk_size, V] float32 scores exist at once; with ``predict_upstream``
+            rounded down to whole responses (at least one).
         bias: [V] the head's bias, if it has one.
         with_entropy: also return the entropy of each token's distribution (no gradient).
+        predict_upstream: d loss / d logprobs of whole responses from their log-probs (see the module
+            docstring); backward then costs no matmul when the prediction holds.
     Returns:
         logprobs: [...] float32, differentiable with respect to ``hidden``, ``weight`` and ``bias``.
         entropy: [...] float32, or None without ``with_entropy``.
@@ -122,9 +219,16 @@ def chunked_head_logprobs(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    row_length = tokens.shape[-1] if tokens.dim() > 0 else 1
+    if predict_upstream is not None:
+        if hidden.dim() != 3:
+            raise ValueError(f"predict_upstream needs hidden states [n, R, H], got {tuple(hidden.shape)}")
+        chunk_size = max(chunk_size // row_length, 1) * row_length
+    if not torch.is_grad_enabled() or not (hidden.requires_grad or weight.requires_grad):
+        predict_upstream = None  # no backward will come: nothing to prepare for it
     spec = _HeadSpec(temperature, chunk_size, _compute_dtype(hidden, weight))
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # [N, H]
     logprobs, entropy = _ChunkedHeadLogprobs.apply(
-        flat_hidden, weight, bias, tokens.reshape(-1), spec, with_entropy
+        flat_hidden, weight, bias, tokens.reshape(-1), spec, with_entropy, predict_upstream, row_length
     )  # [N], [N]
     return logprobs.view(tokens.shape), entropy.view(tokens.shape) if with_entropy else None

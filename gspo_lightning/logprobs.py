@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from gspo_lightning.chunked_logprobs import chunked_head_logprobs
+from gspo_lightning.chunked_logprobs import UpstreamPredictor, chunked_head_logprobs
 
 DEFAULT_CHUNK_SIZE = 1024
 """Response tokens per LM-head chunk: [1024, V] float32 scores exist at a time (622 MB at V = 151,936)."""
@@ -113,6 +113,7 @@ def response_scores(
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     with_entropy: bool = False,
+    predict_upstream: UpstreamPredictor | None = None,
 ) -> TokenScores:
     """Log-probs (and optionally entropies) of the last ``response_length`` tokens of ``input_ids``.
 
@@ -125,6 +126,8 @@ def response_scores(
         chunk_size: response tokens per LM-head chunk; 0 materialises the [n, R, V] logits instead (the naive
             path, also taken when the head is not a plain ``nn.Linear`` or the model transforms its output).
         with_entropy: also return each position's entropy.
+        predict_upstream: d loss / d logprobs of whole responses from their log-probs, so the chunked head
+            prepares its gradients in forward (see :mod:`gspo_lightning.chunked_logprobs`).
     """
     tokens = input_ids[:, -response_length:]  # [n, R]
     head = chunkable_head(policy) if chunk_size > 0 else None
@@ -136,7 +139,7 @@ def response_scores(
 
     def head_logprobs(hidden: Tensor) -> Tensor:  # [n, R + 1, H] the positions logits_to_keep kept
         logprobs, entropy = chunked_head_logprobs(
-            hidden[:, :-1], head.weight, tokens, temperature, chunk_size, head.bias, with_entropy
+            hidden[:, :-1], head.weight, tokens, temperature, chunk_size, head.bias, with_entropy, predict_upstream
         )  # [n, R], [n, R] or None
         entropies.append(entropy)
         return logprobs  # [n, R] stands in for the logits the model returns

@@ -16,6 +16,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
+from gspo_lightning.chunked_logprobs import UpstreamPredictor
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, response_scores
 from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
@@ -163,7 +164,26 @@ class GSPOModule(pl.LightningModule):
             self.hparams.temperature,
             self.logprob_chunk_size,
             with_entropy=self.hparams.log_entropy,
+            predict_upstream=self._objective_gradient(minibatch),
         )
+
+    def _objective_gradient(self, minibatch: Minibatch) -> UpstreamPredictor:
+        """d loss / d logprobs of some of the minibatch's responses from their log-probs alone, for the chunked
+        head (see ``chunked_logprobs``). Every objective is a sum over responses with normalisers fixed by the
+        masks, so the other responses' values do not matter: pi_old's stand in for them."""
+        old = minibatch.old_logprobs  # [n, R]
+
+        def predict(logprobs: Tensor, rows: slice) -> Tensor:  # [k, R] -> [k, R]
+            with torch.enable_grad():
+                chunk = logprobs.detach().requires_grad_()
+                full = torch.cat([old[: rows.start], chunk, old[rows.stop :]])  # [n, R]
+                loss, _ = objective_loss(
+                    self.objective, full, old, minibatch.advantages, minibatch.response_mask,
+                    self.eps_low, self.eps_high, minibatch.ref_logprobs,
+                )  # fmt: skip
+                return torch.autograd.grad(loss, chunk)[0]
+
+        return predict
 
     def _policy_scores(self, minibatch: Minibatch) -> tuple[TokenScores, Tensor | None]:
         """pi_theta's response log-probs, with pi_old's experts forced under Routing Replay; for MoE policies

@@ -128,3 +128,65 @@ def test_validation():
         chunked_head_logprobs(hidden, weight, tokens, chunk_size=0)
     with pytest.raises(ValueError, match="temperature"):
         chunked_head_logprobs(hidden, weight, tokens, temperature=0.0)
+
+
+def _rows(n=6, r=4, h=8, v=40):
+    hidden, weight, bias, tokens, upstream = inputs(n=n * r, h=h, v=v)
+    return hidden, weight, bias, tokens, upstream, (n, r)
+
+
+def _counting_recompute(monkeypatch):
+    from gspo_lightning import chunked_logprobs
+
+    calls = []
+    real = chunked_logprobs._recomputed_grads
+    monkeypatch.setattr(chunked_logprobs, "_recomputed_grads", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize(("chunk_size", "scale"), [(4, 1.0), (9, 1.0), (100, 1.0), (8, 3.0)])
+def test_predicted_upstream_gives_exact_gradients_without_recomputing(monkeypatch, chunk_size, scale):
+    hidden, weight, bias, tokens, upstream, (n, r) = _rows()
+    seen = []
+
+    def predict(logprobs, rows):  # the loss below is sum(upstream * logprobs): its gradient is upstream
+        seen.append((rows, logprobs.shape))
+        return upstream.view(n, r)[rows]
+
+    calls = _counting_recompute(monkeypatch)
+    expected = gradients(lambda: naive(hidden.view(n, r, -1), weight, tokens.view(n, r), 0.7, bias), hidden, weight, bias, tokens, upstream.view(n, r) * scale)  # fmt: skip
+    chunked = gradients(
+        lambda: chunked_head_logprobs(hidden.view(n, r, -1), weight, tokens.view(n, r), 0.7, chunk_size, bias, True, predict),
+        hidden, weight, bias, tokens, upstream.view(n, r) * scale,
+    )  # fmt: skip
+    for got, want in zip(chunked, expected, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+    assert calls == []  # the prediction held (up to the uniform scale): backward recomputed nothing
+    per_chunk = max(chunk_size // r, 1)  # whole responses per chunk
+    assert [rows for rows, _ in seen] == [slice(i, min(i + per_chunk, n)) for i in range(0, n, per_chunk)]
+
+
+def test_a_wrong_prediction_is_corrected_exactly(monkeypatch):
+    hidden, weight, bias, tokens, upstream, (n, r) = _rows()
+    calls = _counting_recompute(monkeypatch)
+    expected = gradients(lambda: naive(hidden, weight, tokens, 1.0, bias), hidden, weight, bias, tokens, upstream)
+    wrong = gradients(
+        lambda: chunked_head_logprobs(hidden.view(n, r, -1), weight, tokens.view(n, r), 1.0, 8, bias, False,
+                                      lambda logprobs, rows: torch.ones_like(logprobs)),
+        hidden, weight, bias, tokens, upstream.view(n, r),
+    )  # fmt: skip
+    for got, want in zip(wrong[2:], expected[2:], strict=True):
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+    assert calls == [1]
+
+
+def test_no_prediction_is_made_without_autograd():
+    hidden, weight, _, tokens, _, (n, r) = _rows()
+
+    def predict(logprobs, rows):
+        raise AssertionError("called although no backward can follow")
+
+    with torch.no_grad():
+        chunked_head_logprobs(hidden.view(n, r, -1), weight, tokens.view(n, r), predict_upstream=predict)
+    with pytest.raises(ValueError, match="predict_upstream needs hidden states"):
+        chunked_head_logprobs(hidden, weight, tokens, predict_upstream=predict)

@@ -81,3 +81,51 @@ def test_training_step_without_sampler_says_what_is_missing():
     module = GSPOModule(TinyQwen3(**TINY))
     with pytest.raises(RuntimeError, match="add gspo_lightning.GroupSampler"):
         module.training_step(PromptBatch(["1+1="], {}), 0)
+
+
+def _off_policy_gradients(chunk_size: int, objective) -> tuple[dict, dict]:
+    """Parameter gradients and logged values of one training step whose pi_old differs from pi_theta."""
+    module = GSPOModule(TinyQwen3(**TINY), objective=objective, logprob_chunk_size=chunk_size)
+    module.configure_model()
+    module.on_fit_start()
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=1, max_new_tokens=4)
+    batch = PromptBatch(["1+1=", "2+2="], {"answer": ["2", "4"]}, num_minibatches=1)
+    torch.manual_seed(0)
+    rollout = sampler.sample(module, batch.prompts, batch.columns)
+    rollout.advantages = torch.linspace(-1.0, 1.0, len(rollout.advantages))
+    minibatch = split_minibatches(rollout, 1, module.policy, reference=module.reference_policy)[0]
+    # pi_old away from pi_theta on every other response, the ratio growing with the advantage, so that some
+    # responses and tokens clip and others do not
+    old = minibatch.old_logprobs  # [n, R]
+    shift = torch.linspace(-0.3, 0.3, old.numel()).view_as(old) * (torch.arange(len(old)) % 2)[:, None]
+    minibatch.old_logprobs = old - shift
+    batch.minibatch = minibatch
+    logged = {}
+    module.log = lambda name, value, **kwargs: logged.__setitem__(name, value)
+    module.log_dict = lambda values, **kwargs: logged.update(values)
+    module.training_step(batch, 0).backward()
+    return {name: p.grad.clone() for name, p in module.policy.named_parameters()}, logged
+
+
+@pytest.mark.parametrize(
+    "objective", ["gspo", "grpo", "dr_grpo", ObjectiveSpec(ratio="sequence", kl_coef=0.1, kl_estimator="k3")]
+)
+def test_chunked_training_step_has_the_materialised_gradients(monkeypatch, objective):
+    from gspo_lightning import chunked_logprobs
+
+    recomputed = []
+    real = chunked_logprobs._recomputed_grads
+    monkeypatch.setattr(chunked_logprobs, "_recomputed_grads", lambda *a: recomputed.append(1) or real(*a))
+    naive, naive_logged = _off_policy_gradients(0, objective)
+    for chunk_size in (4, 1024):  # one response per chunk, and all in one
+        chunked, logged = _off_policy_gradients(chunk_size, objective)
+        assert 0 < naive_logged["train/clip_frac"] < 1 and logged["train/clip_frac"] == naive_logged["train/clip_frac"]
+        torch.testing.assert_close(logged["train/entropy"], naive_logged["train/entropy"], atol=1e-5, rtol=0)
+        for name, grad in naive.items():
+            torch.testing.assert_close(chunked[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    assert recomputed == []  # the objective's gradient was predicted in forward every time
+
+
+def test_logprob_chunk_size_is_validated():
+    with pytest.raises(ValueError, match="model.logprob_chunk_size must be >= 0"):
+        GSPOModule(TinyQwen3(**TINY), logprob_chunk_size=-1)

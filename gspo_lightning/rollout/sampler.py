@@ -104,6 +104,11 @@ class GroupSampler(Callback):
             ``recompute``.
         sampling_dtype: precision of the sampling pass: ``auto`` (the trainer's, as training) or ``bfloat16`` /
             ``float16`` (autocast around ``generate``), e.g. to emulate a lower-precision inference engine.
+        share_prompt_prefill: compute each prompt's prefill (the forward over its tokens, kept as a key/value
+            cache) once and share it among its G responses, instead of once per response. The same samples up to
+            float rounding, for less prefill compute: it pays with long prompts and large G
+            (``experiments/bench/sampling.py``). A policy whose cache holds more than attention keys and values
+            (SSM / linear attention layers) samples without sharing, with a warning.
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class GroupSampler(Callback):
         prompt_overflow: PromptOverflow = "error",
         old_logprobs: OldLogprobSource = "recompute",
         sampling_dtype: SamplingDtype = "auto",
+        share_prompt_prefill: bool = True,
     ) -> None:
         validate_old_logprobs(old_logprobs, sampling_dtype)
         validate_sampling(
@@ -150,6 +156,7 @@ class GroupSampler(Callback):
         self._step_started = 0.0
         self.old_logprobs = old_logprobs
         self.sampling_dtype = sampling_dtype
+        self.share_prompt_prefill = share_prompt_prefill
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Checks that need no model: Lightning calls this before ``configure_model`` builds the policy."""
@@ -220,8 +227,12 @@ class GroupSampler(Callback):
         """Sample G responses per prompt, score them and compute group advantages (Eq. 6)."""
         tokenizer = pl_module.tokenizer
         started = time.perf_counter()
-        prompt_ids, prompt_mask, cut = self._prompts(pl_module, prompts)  # [N, Lp], [N, Lp], [N]
+        prompt_ids, prompt_mask, cut = self._prompts(pl_module, prompts)  # [P, Lp], [P, Lp], [P]
         response_ids, sampler_logprobs = self._generate(pl_module, prompt_ids, prompt_mask, synced_gpus)  # [N, R] x2
+        # Response i*G + g answers prompt i: each prompt row repeated G times in a row lines up with them.
+        prompt_ids = prompt_ids.repeat_interleave(self.group_size, dim=0)  # [N, Lp]
+        prompt_mask = prompt_mask.repeat_interleave(self.group_size, dim=0)  # [N, Lp]
+        cut = cut.repeat_interleave(self.group_size, dim=0)  # [N]
         response_mask, truncated = response_mask_until_eos(response_ids, tokenizer.eos_token_id)  # [N, R], [N]
         completions = decode_responses(tokenizer, response_ids, response_mask)
         self._round_seconds["generate_s"] = time.perf_counter() - started
@@ -259,23 +270,23 @@ class GroupSampler(Callback):
     def _generate(
         self, pl_module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, synced_gpus: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Response tokens [N, R], and the sampler's own log-probs [N, R] when pi_old is taken from them."""
+        """G responses per prompt of [P, Lp] ``prompt_ids``: tokens [N, R], and the sampler's own log-probs [N, R]
+        when pi_old is taken from them."""
         arguments = (pl_module.policy, pl_module.tokenizer, prompt_ids, prompt_mask, self.settings, synced_gpus)
+        arguments += (self.group_size, self.share_prompt_prefill)
         with sampling_precision(self.sampling_dtype, prompt_ids.device):
             if self.old_logprobs == "sampler":
                 return generate_with_logprobs(*arguments)
             return generate_responses(*arguments), None
 
     def _prompts(self, pl_module: Any, prompts: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Encoded prompts fitted to the context (``prompt_overflow``), each repeated G times."""
+        """Encoded prompts fitted to the context (``prompt_overflow``), once each: [P, Lp'] x2 and cut [P]."""
         prompt_ids, prompt_mask = encode_prompts(pl_module.tokenizer, prompts, pl_module.device)  # [P, Lp]
         context = context_length(pl_module.policy, pl_module.tokenizer)
         prompt_ids, prompt_mask, cut = fit_prompts_to_context(
             prompt_ids, prompt_mask, self.settings.max_new_tokens, context, self.prompt_overflow
         )  # [P, Lp'], [P, Lp'], [P]
-        prompt_ids = prompt_ids.repeat_interleave(self.group_size, dim=0)  # [N, Lp']
-        prompt_mask = prompt_mask.repeat_interleave(self.group_size, dim=0)  # [N, Lp']
-        return prompt_ids, prompt_mask, cut.repeat_interleave(self.group_size, dim=0)  # [N, Lp'] x2, [N]
+        return prompt_ids, prompt_mask, cut
 
     def state_dict(self) -> dict[str, Any]:
         """Each rank's partly consumed round and random generators travel with the checkpoint, so a resumed

@@ -1,11 +1,16 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from gspo_lightning.logprobs import response_logprobs
 from gspo_lightning.rollout.generation import (
     SamplingSettings,
     decode_responses,
     encode_prompts,
     generate_responses,
+    generate_with_logprobs,
+    prefill_prompt_cache,
     render_prompt,
     response_mask_until_eos,
 )
@@ -57,3 +62,130 @@ def test_generate_and_decode_stop_at_eos(policy, tokenizer):
 def test_greedy_settings_disable_sampling(tokenizer):
     config = SamplingSettings(max_new_tokens=4, temperature=0.0).generation_config(tokenizer)
     assert config.do_sample is False
+
+
+# --- sharing the prompt prefill among a group's responses -------------------------------------------------------
+
+GROUP = 3
+
+
+@pytest.fixture
+def sharp_policy(policy):
+    """The tiny policy with large random weights: greedy responses differ between prompts and some end with EOS,
+    where the default initialisation repeats one token whatever the prompt."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0, 0.3, generator=generator)
+    return policy
+
+
+def _spy_generate(policy) -> list[dict]:
+    """Record the keyword arguments of each ``policy.generate`` call (the call itself goes through)."""
+    calls, original = [], policy.generate
+    policy.generate = lambda **kwargs: calls.append(kwargs) or original(**kwargs)
+    return calls
+
+
+def _passed_cache(call: dict):
+    return call.get("cache", call.get("past_key_values"))
+
+
+def test_shared_prefill_gives_the_plain_greedy_responses(sharp_policy, tokenizer):
+    ids, mask = encode_prompts(tokenizer, ["7", "1+1=", "123+456="], "cpu")  # [3, 8], left-padded 7 / 4 / 0
+    settings = SamplingSettings(max_new_tokens=8, temperature=0.0)
+    calls = _spy_generate(sharp_policy)
+    plain, plain_logprobs = generate_with_logprobs(sharp_policy, tokenizer, ids, mask, settings, group_size=GROUP)
+    shared, shared_logprobs = generate_with_logprobs(
+        sharp_policy, tokenizer, ids, mask, settings, group_size=GROUP, share_prefill=True
+    )  # [9, R] x2
+    assert _passed_cache(calls[0]) is None
+    cache = _passed_cache(calls[1])  # the shared path really ran: G rows per prompt, all columns but the last
+    assert cache is not None and cache.layers[0].keys.shape[0] == 3 * GROUP
+    assert torch.equal(shared, plain)
+    # Same scores too, not only the same argmax (a position off by one can leave greedy tokens unchanged).
+    torch.testing.assert_close(shared_logprobs, plain_logprobs, rtol=0, atol=1e-5)
+    assert cache.get_seq_length() == ids.shape[1] + shared.shape[1] - 1  # generate ran on it (grew it in place)
+    first_of_each = plain[::GROUP]  # [3, R]
+    assert len({tuple(row) for row in first_of_each.tolist()}) == 3  # the prompts are told apart
+    assert torch.equal(plain, first_of_each.repeat_interleave(GROUP, dim=0))  # rows i*G .. i*G+G-1: prompt i
+
+
+def test_shared_prefill_samples_from_the_policys_distribution(sharp_policy, tokenizer):
+    ids, mask = encode_prompts(tokenizer, ["7", "1+1=", "123+456="], "cpu")
+    settings = SamplingSettings(max_new_tokens=6, temperature=0.7)
+    torch.manual_seed(0)
+    responses, logprobs = generate_with_logprobs(
+        sharp_policy, tokenizer, ids, mask, settings, group_size=GROUP, share_prefill=True
+    )  # [9, R] x2
+    response_mask, _ = response_mask_until_eos(responses, tokenizer.eos_token_id)  # [9, R]
+    sequences = torch.cat([ids.repeat_interleave(GROUP, dim=0), responses], dim=1)  # [9, Lp + R]
+    attention = torch.cat([mask.repeat_interleave(GROUP, dim=0), response_mask], dim=1)  # [9, Lp + R]
+    with torch.no_grad():
+        recomputed = response_logprobs(sharp_policy, sequences, attention, responses.shape[1], temperature=0.7)
+    kept = response_mask.bool()
+    torch.testing.assert_close(logprobs[kept], recomputed[kept], rtol=0, atol=1e-5)
+    assert len({tuple(row) for row in responses.tolist()}) > 3  # sampled: a group's responses differ
+
+
+@pytest.mark.parametrize("share_prefill", [False, True])
+def test_generation_stops_once_every_response_has_ended(sharp_policy, tokenizer, share_prefill):
+    ids, mask = encode_prompts(tokenizer, ["1+1=", "123+456="], "cpu")
+    settings = SamplingSettings(max_new_tokens=12, temperature=0.0)
+    responses = generate_responses(
+        sharp_policy, tokenizer, ids, mask, settings, group_size=GROUP, share_prefill=share_prefill
+    )  # [6, R]
+    response_mask, truncated = response_mask_until_eos(responses, tokenizer.eos_token_id)  # [6, R], [6]
+    assert not truncated.any()  # every response ends (with these weights: after 1 and 6 tokens)
+    assert responses.shape[1] == response_mask.sum(-1).max() < settings.max_new_tokens  # no step past the last EOS
+
+
+def test_shared_prefill_with_one_group_member_is_the_plain_path(sharp_policy, tokenizer):
+    ids, mask = encode_prompts(tokenizer, ["1+1=", "2"], "cpu")
+    settings = SamplingSettings(max_new_tokens=4, temperature=0.0)
+    calls = _spy_generate(sharp_policy)
+    shared = generate_responses(sharp_policy, tokenizer, ids, mask, settings, group_size=1, share_prefill=True)
+    plain = generate_responses(sharp_policy, tokenizer, ids, mask, settings, group_size=1)
+    assert [_passed_cache(call) for call in calls] == [None, None]
+    assert torch.equal(shared, plain)
+
+
+@pytest.mark.parametrize("with_logprobs", [False, True])
+def test_single_column_prompts_still_share_the_prefill(sharp_policy, tokenizer, with_logprobs):
+    """A masked padding column makes room for the prefill, so every rank runs the same forwards."""
+    ids, mask = encode_prompts(tokenizer, ["1", "2"], "cpu")  # Lp = 1
+    settings = SamplingSettings(max_new_tokens=4, temperature=0.0)
+    generate = generate_with_logprobs if with_logprobs else generate_responses
+    calls = _spy_generate(sharp_policy)
+    shared = generate(sharp_policy, tokenizer, ids, mask, settings, group_size=GROUP, share_prefill=True)
+    plain = generate(sharp_policy, tokenizer, ids, mask, settings, group_size=GROUP)
+    assert _passed_cache(calls[0]) is not None and calls[0]["input_ids"].shape == (2 * GROUP, 2)
+    for got, want in zip(shared if with_logprobs else [shared], plain if with_logprobs else [plain], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_shared_prefill_refuses_a_recurrent_state_cache(tokenizer):
+    from transformers import cache_utils
+
+    if not hasattr(cache_utils, "LinearAttentionLayer"):
+        pytest.skip("this transformers has no linear-attention cache layers")
+
+    class StateSpacePolicy(torch.nn.Module):
+        def forward(self, **kwargs):
+            cache = cache_utils.DynamicCache()
+            cache.layers = [cache_utils.LinearAttentionLayer()]
+            return SimpleNamespace(cache=cache, past_key_values=cache)
+
+        def generate(self, **kwargs):
+            self.generate_kwargs = kwargs
+            return kwargs["input_ids"]
+
+    ids, mask = encode_prompts(tokenizer, ["1+1=", "2+2="], "cpu")
+    with pytest.raises(ValueError, match="share_prompt_prefill=false"):
+        prefill_prompt_cache(StateSpacePolicy(), ids, mask, GROUP)
+    # the sampler's default path warns and samples without a shared cache instead of failing
+    policy, settings = StateSpacePolicy(), SamplingSettings(max_new_tokens=2)
+    with pytest.warns(UserWarning, match="without sharing the prompt prefill"):
+        generate_responses(policy, tokenizer, ids, mask, settings, group_size=GROUP, share_prefill=True)
+    assert _passed_cache(policy.generate_kwargs) is None and len(policy.generate_kwargs["input_ids"]) == 2 * GROUP

@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 from gspo_lightning.logprobs import response_logprobs
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout import GroupSampler, PromptBatch
+from gspo_lightning.rollout.generation import encode_prompts
 
 
 class ReinforceModule(pl.LightningModule):
@@ -101,3 +102,32 @@ def test_sampler_rejects_a_module_without_the_contract(policy, tokenizer):
 def test_sampler_settings_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GroupSampler(rewards=[ExactAnswer()], **kwargs)
+
+
+@pytest.mark.parametrize("old_logprobs", ["recompute", "sampler"])
+def test_sharing_the_prompt_prefill_draws_the_same_rollout(policy, tokenizer, old_logprobs):
+    module = ReinforceModule(policy, tokenizer)
+    prompts, columns = ["1+1=", "12+34=", "5"], {"answer": ["2", "46", "5"]}
+    rollouts, caches = [], []
+    original = policy.generate
+    policy.generate = lambda **k: caches.append(k.get("cache", k.get("past_key_values"))) or original(**k)
+    for share in (False, True):
+        sampler = GroupSampler(
+            rewards=[ExactAnswer()],
+            group_size=4,
+            max_new_tokens=5,
+            old_logprobs=old_logprobs,
+            share_prompt_prefill=share,
+        )
+        torch.manual_seed(0)
+        rollouts.append(sampler.sample(module, prompts, columns))
+    plain, shared = rollouts
+    assert caches[0] is None and caches[1] is not None  # only the second sampler took the shared path
+    prompt_ids, _ = encode_prompts(tokenizer, prompts, "cpu")  # [3, 6]
+    assert torch.equal(shared.prompt_ids, prompt_ids.repeat_interleave(4, dim=0))  # row i*G + g: prompt i
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "prompt_cut"):
+        assert torch.equal(getattr(shared, name), getattr(plain, name)), name
+    assert shared.completions == plain.completions
+    if old_logprobs == "sampler":
+        mask = shared.response_mask.bool()
+        torch.testing.assert_close(shared.sampler_logprobs[mask], plain.sampler_logprobs[mask], rtol=0, atol=1e-5)
