@@ -26,6 +26,7 @@ class CountdownWarmStartedTinyQwen3(SupervisedWarmStart):
     """
 
     task_settings = ("num_numbers", "max_number")
+    answer_characters = "+-*/()"
 
     def __init__(
         self,

@@ -55,6 +55,8 @@ class SupervisedWarmStart(PolicyLoader, ABC):
 
     task_settings: tuple[str, ...] = ()
     """Names of the subclass's attributes that define the task (part of the cache key)."""
+    answer_characters: str = ""
+    """Characters answers may use beyond those of :meth:`longest_demonstration`; the alphabet must have them."""
 
     def __init__(
         self,
@@ -121,7 +123,7 @@ class SupervisedWarmStart(PolicyLoader, ABC):
         """
         widest = self.longest_demonstration()
         text = self.prompt_template.format(**widest) + widest["answer"]
-        unknown = sorted(set(text) - set(self.base.alphabet))
+        unknown = sorted(set(text + self.answer_characters) - set(self.base.alphabet))
         if unknown:
             raise ValueError(f"base.alphabet lacks characters the task writes: {unknown}")
         longest = len(text) + 1  # one token per character, then eos

@@ -75,3 +75,14 @@ def test_task_splits() -> None:
     assert loaded["train"].column_names == ["numbers", "target"]
     train = set(zip(loaded["train"]["numbers"], loaded["train"]["target"]))
     assert not train & set(zip(loaded["eval"]["numbers"], loaded["eval"]["target"]))
+
+
+def test_demonstrations_are_the_same_problems_with_a_solution_that_reaches_the_target():
+    from gspo_lightning.data.countdown import countdown_demonstrations
+    from gspo_lightning.rewards.countdown import CountdownAnswer
+
+    demonstrations = list(countdown_demonstrations(300, num_numbers=4, max_number=50, seed=2))
+    problems = list(countdown_problems(300, num_numbers=4, max_number=50, seed=2))
+    assert [{k: d[k] for k in ("numbers", "target")} for d in demonstrations] == problems
+    assert all(CountdownAnswer.score(d["solution"], d["numbers"], d["target"]) == 1.0 for d in demonstrations)
+    assert any("(" in d["solution"] for d in demonstrations)  # nested combinations are written with parentheses
