@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from gspo_lightning.chunked_logprobs import UpstreamPredictor
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, response_scores
+from gspo_lightning.metric_logging import flush_step_metrics
 from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
 from gspo_lightning.objectives import ObjectiveSpec, objective_loss, resolve_objective
@@ -213,6 +214,7 @@ class GSPOModule(pl.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self._replay.close()
+        flush_step_metrics(self.trainer)  # after every callback's on_train_batch_end: the step's figures are in
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val=None, gradient_clip_algorithm=None

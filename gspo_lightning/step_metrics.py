@@ -11,7 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
 from gspo_lightning.diagnostics import length_bucket_edges, ratio_diagnostics, sequence_ratios
-from gspo_lightning.metric_logging import log_across_ranks
+from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
 from gspo_lightning.rollout.types import Minibatch
 
 _RATIO_LEVEL = {"sequence": "sequence", "sequence_token": "sequence", "token": "token"}
@@ -38,7 +38,9 @@ def log_step_metrics(
         ratio_level=_RATIO_LEVEL[module.objective.ratio],
         length_edges=length_bucket_edges(module.hparams.max_new_tokens),
     )
-    log_across_ranks(module, {"train/loss": loss.detach()}, size, prog_bar=True)
+    log_across_ranks(module, {"train/loss": loss.detach()}, size)
+    if shows_progress_bar(module):
+        module.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=size)
     log_across_ranks(module, {f"train/{name}": value for name, value in stats.items()}, size)
     log_across_ranks(module, {f"diag/{name}": value for name, value in diagnostics.items()}, size)
     # One series per minibatch index: drift grows from ~0 at the first minibatch of a round to the K-th.

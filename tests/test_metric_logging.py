@@ -5,8 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from gspo_lightning.metric_logging import cross_rank_reduction, log_across_ranks
+from gspo_lightning.metric_logging import cross_rank_reduction, flush_step_metrics, log_across_ranks
 
 
 @pytest.mark.parametrize(
@@ -31,19 +32,57 @@ def test_cross_rank_reduction_follows_the_meaning(name, reduction):
 
 
 class Recorder:
-    def __init__(self, world_size: int | None) -> None:
-        self._trainer = None if world_size is None else SimpleNamespace(world_size=world_size)
+    def __init__(self, trainer=None) -> None:
+        self._trainer = trainer
         self.calls = []
 
     def log(self, name, value, **kwargs):
-        self.calls.append((name, kwargs))
+        self.calls.append((name, value))
 
 
-@pytest.mark.parametrize(("world_size", "synced"), [(None, False), (1, False), (2, True)])
-def test_values_are_synced_only_when_there_are_several_ranks(world_size, synced):
-    module = Recorder(world_size)
-    log_across_ranks(module, {"train/loss": 1.0, "train/ratio_max": 2.0}, batch_size=8, prog_bar=True)
-    assert module.calls == [
-        ("train/loss", dict(batch_size=8, sync_dist=synced, reduce_fx="mean", prog_bar=True)),
-        ("train/ratio_max", dict(batch_size=8, sync_dist=synced, reduce_fx="max", prog_bar=True)),
-    ]
+class Logger:
+    def __init__(self) -> None:
+        self.calls = []
+
+    def log_metrics(self, metrics, step):
+        self.calls.append((step, metrics))
+
+
+def fake_trainer(world_size: int, step: int, every: int = 1, other_rank: list[float] | None = None):
+    """What flush_step_metrics uses of a Trainer; ``all_gather`` adds a second rank holding ``other_rank``."""
+    strategy = SimpleNamespace(
+        root_device=torch.device("cpu"), all_gather=lambda values: torch.stack([values, torch.tensor(other_rank)])
+    )
+    return SimpleNamespace(
+        world_size=world_size, strategy=strategy, loggers=[Logger()], log_every_n_steps=every, callback_metrics={},
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=step)),
+    )  # fmt: skip
+
+
+def test_without_a_trainer_figures_go_to_module_log():
+    module = Recorder()
+    log_across_ranks(module, {"train/loss": 1.0, "train/ratio_max": 2.0}, batch_size=8)
+    assert module.calls == [("train/loss", 1.0), ("train/ratio_max", 2.0)]
+
+
+def test_a_steps_figures_are_written_once_reduced_across_ranks():
+    trainer = fake_trainer(world_size=2, step=7, other_rank=[3.0, 1.0, 5.0, 0.5])
+    module = Recorder(trainer)
+    log_across_ranks(module, {"train/loss": torch.tensor(1.0), "train/ratio_max": 2.0})
+    log_across_ranks(module, {"train/num_empty": 1, "train/ratio_min": torch.tensor(0.25)})
+    assert trainer.loggers[0].calls == []  # queued until the end of the step
+    flush_step_metrics(trainer)
+    written = {"train/loss": 2.0, "train/ratio_max": 2.0, "train/num_empty": 6.0, "train/ratio_min": 0.25}
+    assert trainer.loggers[0].calls == [(7, written)]  # one call: mean, max, sum, min over the two ranks
+    assert {name: value.item() for name, value in trainer.callback_metrics.items()} == written
+    flush_step_metrics(trainer)
+    assert len(trainer.loggers[0].calls) == 1  # the queue was emptied
+
+
+@pytest.mark.parametrize(("step", "written"), [(3, True), (4, False)])
+def test_log_every_n_steps_selects_the_logged_steps_but_callbacks_see_every_step(step, written):
+    trainer = fake_trainer(world_size=1, step=step, every=2)
+    log_across_ranks(Recorder(trainer), {"rollout/reward_mean": 0.5})
+    flush_step_metrics(trainer)
+    assert trainer.loggers[0].calls == ([(step, {"rollout/reward_mean": 0.5})] if written else [])
+    assert trainer.callback_metrics["rollout/reward_mean"].item() == 0.5

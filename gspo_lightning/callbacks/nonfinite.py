@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gspo_lightning.callbacks.emergency import save_emergency_checkpoint
+from gspo_lightning.metric_logging import log_across_ranks
 from gspo_lightning.validation import require
 
 
@@ -55,8 +56,8 @@ class NonFiniteGuard(Callback):
         self._gradient_dropped = False
         self.skipped_steps += int(bad)
         self.consecutive_bad_steps = self.consecutive_bad_steps + 1 if bad else 0
-        pl_module.log("faults/skipped_steps", float(self.skipped_steps), batch_size=1)
-        pl_module.log("faults/consecutive_bad_steps", float(self.consecutive_bad_steps), batch_size=1)
+        counts = {"faults/skipped_steps": self.skipped_steps, "faults/consecutive_bad_steps": self.consecutive_bad_steps}
+        log_across_ranks(pl_module, counts)
         if self.consecutive_bad_steps >= self.max_consecutive_bad_steps:
             path = save_emergency_checkpoint(trainer, "nonfinite-stop")
             raise RuntimeError(

@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE
-from gspo_lightning.metric_logging import log_across_ranks
+from gspo_lightning.metric_logging import flush_step_metrics, log_across_ranks, shows_progress_bar
 from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale
 from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
 from gspo_lightning.rewards.scoring import RewardErrors, RewardFunction, score_completions
@@ -195,14 +195,16 @@ class GroupSampler(Callback):
         batch.minibatch = self._minibatches[batch.minibatch_index].to(pl_module.device)
         seconds = {"generate_s": 0.0, "reward_s": 0.0, "old_logprob_s": 0.0} | self._round_seconds
         metrics = {f"rollout/{k}": v for k, v in self._stats.items()} | {f"time/{k}": v for k, v in seconds.items()}
-        log_across_ranks(pl_module, metrics, len(batch.minibatch), on_step=True)
-        pl_module.log("reward", self._stats["reward_mean"], prog_bar=True, logger=False, batch_size=1)
+        log_across_ranks(pl_module, metrics, len(batch.minibatch))
+        if shows_progress_bar(pl_module):
+            pl_module.log("reward", self._stats["reward_mean"], prog_bar=True, logger=False, batch_size=1)
         self._step_started = time.perf_counter()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        log_across_ranks(pl_module, {"time/train_s": time.perf_counter() - self._step_started}, 1, on_step=True)
+        log_across_ranks(pl_module, {"time/train_s": time.perf_counter() - self._step_started})
+        flush_step_metrics(trainer)  # GSPOModule flushes too; this serves any other LightningModule
 
     def _new_round(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch) -> None:
         check_divisible(len(batch) * self.group_size, self.num_minibatches)
