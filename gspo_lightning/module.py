@@ -16,12 +16,12 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
-from gspo_lightning.chunked_logprobs import UpstreamPredictor
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, response_scores
 from gspo_lightning.metric_logging import flush_step_metrics
 from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
 from gspo_lightning.objectives import ObjectiveSpec, objective_loss, resolve_objective
+from gspo_lightning.rollout.minibatches import objective_gradient
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
 from gspo_lightning.step_metrics import log_expert_change, log_step_metrics
 from gspo_lightning.strategies import is_fsdp1, shard_for_strategy
@@ -165,26 +165,9 @@ class GSPOModule(pl.LightningModule):
             self.hparams.temperature,
             self.logprob_chunk_size,
             with_entropy=self.hparams.log_entropy,
-            predict_upstream=self._objective_gradient(minibatch),
+            predict_upstream=objective_gradient(self.objective, minibatch, self.eps_low, self.eps_high),
         )
 
-    def _objective_gradient(self, minibatch: Minibatch) -> UpstreamPredictor:
-        """d loss / d logprobs of some of the minibatch's responses from their log-probs alone, for the chunked
-        head (see ``chunked_logprobs``). Every objective is a sum over responses with normalisers fixed by the
-        masks, so the other responses' values do not matter: pi_old's stand in for them."""
-        old = minibatch.old_logprobs  # [n, R]
-
-        def predict(logprobs: Tensor, rows: slice) -> Tensor:  # [k, R] -> [k, R]
-            with torch.enable_grad():
-                chunk = logprobs.detach().requires_grad_()
-                full = torch.cat([old[: rows.start], chunk, old[rows.stop :]])  # [n, R]
-                loss, _ = objective_loss(
-                    self.objective, full, old, minibatch.advantages, minibatch.response_mask,
-                    self.eps_low, self.eps_high, minibatch.ref_logprobs,
-                )  # fmt: skip
-                return torch.autograd.grad(loss, chunk)[0]
-
-        return predict
 
     def _policy_scores(self, minibatch: Minibatch) -> tuple[TokenScores, Tensor | None]:
         """pi_theta's response log-probs, with pi_old's experts forced under Routing Replay; for MoE policies
@@ -214,7 +197,8 @@ class GSPOModule(pl.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self._replay.close()
-        flush_step_metrics(self.trainer)  # after every callback's on_train_batch_end: the step's figures are in
+        if self._trainer is not None:  # after every callback's on_train_batch_end: the step's figures are in
+            flush_step_metrics(self._trainer)
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val=None, gradient_clip_algorithm=None

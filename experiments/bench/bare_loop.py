@@ -28,7 +28,6 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ from gspo_lightning.rollout.generation import (  # noqa: E402
     generate_responses,
     response_mask_until_eos,
 )
-from gspo_lightning.rollout.minibatches import split_minibatches  # noqa: E402
+from gspo_lightning.rollout.minibatches import objective_gradient, split_minibatches  # noqa: E402
 from gspo_lightning.rollout.sampler import GroupSampler  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout  # noqa: E402
 
@@ -225,7 +224,7 @@ def train_step(run: BareRun, minibatch: Minibatch) -> torch.Tensor:
         minibatch.response_ids.shape[1],
         run.settings.temperature,
         run.chunk_size,
-        predict_upstream=objective_gradient(run, minibatch),
+        predict_upstream=objective_gradient(run.objective, minibatch, *run.eps),
     )
     loss, _ = objective_loss(
         run.objective,
@@ -242,21 +241,6 @@ def train_step(run: BareRun, minibatch: Minibatch) -> torch.Tensor:
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     return loss.detach()
-
-
-def objective_gradient(run: BareRun, minibatch: Minibatch) -> Callable[[torch.Tensor, slice], torch.Tensor]:
-    """GSPOModule._objective_gradient without the module: d loss / d logprobs of some responses, which the
-    chunked LM head turns into its gradients during forward. Kept so both sides run the same head path."""
-    old = minibatch.old_logprobs  # [n, R]
-
-    def predict(logprobs: torch.Tensor, rows: slice) -> torch.Tensor:  # [k, R] -> [k, R]
-        with torch.enable_grad():
-            chunk = logprobs.detach().requires_grad_()
-            full = torch.cat([old[: rows.start], chunk, old[rows.stop :]])  # [n, R]
-            loss, _ = objective_loss(run.objective, full, old, minibatch.advantages, minibatch.response_mask, *run.eps)
-            return torch.autograd.grad(loss, chunk)[0]
-
-    return predict
 
 
 def train(run: BareRun, warmup_steps: int, steps: int) -> dict[str, Any]:

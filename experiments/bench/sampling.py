@@ -7,9 +7,9 @@
 For each prompt length Lp it builds one batch of P prompts, each to be answered G times, and times:
 
 - ``bare generate``: ``policy.generate`` on the P x G repeated rows, called directly;
-- ``generate_responses``: gspo_lightning's plain path (what ``GroupSampler`` runs by default);
-- ``... share_prefill``: the same with ``share_prefill=True`` (``sampler.share_prompt_prefill: true``): the
-  prompts' prefill runs once per prompt, its key/value cache repeated G times.
+- ``generate_responses``: gspo_lightning's plain path (``sampler.share_prompt_prefill: false``);
+- ``... share_prefill``: the same with ``share_prefill=True`` (``sampler.share_prompt_prefill: true``, the
+  default): the prompts' prefill runs once per prompt, its key/value cache repeated G times.
 
 The policy is a randomly initialised Qwen3 (``Qwen3ForCausalLM``, transformers' default attention);
 its default vocabulary of 4096 keeps the LM head's share of the compute near Qwen3-0.6B's (about a quarter).
