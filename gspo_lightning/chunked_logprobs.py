@@ -112,10 +112,12 @@ class _HeadGrads:
                 self.weight += (grad_logits.T @ hidden.to(spec.compute_dtype)).float()  # [V, H]
 
     def scaled(self, scale: float, weight: Tensor, bias: Tensor | None) -> tuple[Tensor | None, ...]:
-        """The gradients times ``scale``, in the dtypes of the tensors they belong to."""
+        """The gradients times ``scale``, in the dtypes of the tensors they belong to. Scales in place: no second
+        [V, H] copy at the peak of backward; the accumulators are not used afterwards."""
         grads = []
         for grad, like in ((self.hidden, None), (self.weight, weight), (self.bias, bias)):
-            grad = None if grad is None else grad * scale
+            if grad is not None and scale != 1.0:
+                grad.mul_(scale)
             grads.append(grad if grad is None or like is None else grad.to(like.dtype))
         return tuple(grads)
 

@@ -3,12 +3,14 @@
     python experiments/bench/logprobs.py                             # about 12 minutes on 2 CPU cores
     python experiments/bench/logprobs.py --device cuda --dtype bfloat16
 
-Headline: vocabulary 151,936 and hidden size 1,024 (Qwen3-0.6B's head), 8 responses x 1,024 tokens. Both paths
-start from the final hidden states [N, H] and the head weight [V, H] (both requiring grad) and end with the
-gradients of ``sum(upstream * logprobs)``:
+Headline: vocabulary 151,936 and hidden size 1,024 (Qwen3-0.6B's head), 8 responses x 1,024 tokens. Every path
+starts from the final hidden states [n, R, H] and the head weight [V, H] (both requiring grad) and ends with
+their gradients of the GSPO loss (paper clipping, pi_old slightly off pi_theta so that some responses clip):
 
 - naive: ``logits = hidden @ W.T``; ``log_softmax(logits.float()).gather(tokens)``, as most trainers do;
-- chunked: :func:`gspo_lightning.chunked_logprobs.chunked_head_logprobs` (the package's default path).
+- chunked: :func:`gspo_lightning.chunked_logprobs.chunked_head_logprobs` as ``training_step`` runs it, the
+  objective's gradient predicted per chunk (``objective_gradient``) so the head's gradients form in forward;
+- chunked_recompute: the same without the prediction: backward recomputes each chunk's logits.
 
 Every measurement runs in a fresh subprocess. Peak memory is what the computation adds on top of its inputs:
 on CPU the peak resident set size (``VmHWM``, reset through ``/proc/self/clear_refs`` right before) minus the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -35,8 +38,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from gspo_lightning.chunked_logprobs import chunked_head_logprobs  # noqa: E402
+from gspo_lightning.objectives import objective_loss, resolve_objective  # noqa: E402
+from gspo_lightning.rollout.minibatches import objective_gradient  # noqa: E402
+from gspo_lightning.rollout.types import Minibatch  # noqa: E402
 
 MB = 2**20
+PATHS = ("naive", "chunked", "chunked_recompute")
 
 
 def _status_kb(field: str) -> int:
@@ -68,34 +75,62 @@ class PeakMemory:
 
 
 def naive_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    logits = hidden @ weight.T  # [N, V] in the model's dtype
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)  # [N]
+    logits = hidden @ weight.T  # [..., V] in the model's dtype
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)  # [...]
+
+
+def setup(settings: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Minibatch]:
+    """Hidden states [n, R, H] and head [V, H] requiring grad, tokens [n, R], and the minibatch the GSPO loss
+    needs, with pi_old a little off pi_theta (some sequence ratios clip, as in training)."""
+    device, dtype = torch.device(settings["device"]), getattr(torch, settings["dtype"])
+    generator = torch.Generator(device).manual_seed(0)
+    n, r, h, v = (
+        settings["responses"],
+        settings["tokens"] // settings["responses"],
+        settings["hidden"],
+        settings["vocab"],
+    )
+    hidden = (torch.randn(n, r, h, generator=generator, device=device) * 0.5).to(dtype).requires_grad_()
+    weight = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(dtype).requires_grad_()
+    tokens = torch.randint(0, v, (n, r), generator=generator, device=device)
+    with torch.no_grad():
+        current = chunked_head_logprobs(hidden, weight, tokens)[0]  # [n, R]
+    shift = torch.linspace(-1e-3, 1e-3, n, device=device)[:, None]  # sequence ratios from e^-0.001 to e^0.001
+    mask = torch.ones(n, r, device=device)
+    advantages = torch.randn(n, generator=generator, device=device)
+    minibatch = Minibatch(tokens, mask, tokens, mask, current + shift, advantages, advantages)
+    return hidden, weight, tokens, minibatch
+
+
+def loss_of(settings: dict, hidden, weight, tokens, minibatch: Minibatch) -> torch.Tensor:
+    """The GSPO loss (paper clipping) on log-probs from the chosen path."""
+    spec, eps = resolve_objective("gspo"), (3e-4, 4e-4)
+    if settings["path"] == "naive":
+        logprobs = naive_logprobs(hidden, weight, tokens)  # [n, R]
+    else:
+        predict = objective_gradient(spec, minibatch, *eps) if settings["path"] == "chunked" else None
+        logprobs = chunked_head_logprobs(
+            hidden, weight, tokens, chunk_size=settings["chunk_size"], predict_upstream=predict
+        )[0]  # [n, R]
+    return objective_loss(spec, logprobs, minibatch.old_logprobs, minibatch.advantages, minibatch.response_mask, *eps)[
+        0
+    ]
 
 
 def worker(settings: dict) -> dict:
     """One path at one size: seconds and peak bytes of each repetition of forward + backward."""
-    device, dtype = torch.device(settings["device"]), getattr(torch, settings["dtype"])
-    generator = torch.Generator(device).manual_seed(0)
-    n, h, v = settings["tokens"], settings["hidden"], settings["vocab"]
-    hidden = (torch.randn(n, h, generator=generator, device=device) * 0.5).to(dtype).requires_grad_()
-    weight = (torch.randn(v, h, generator=generator, device=device) * h**-0.5).to(dtype).requires_grad_()
-    tokens = torch.randint(0, v, (n,), generator=generator, device=device)
-    upstream = torch.randn(n, generator=generator, device=device)
+    hidden, weight, tokens, minibatch = setup(settings)
+    device = hidden.device
     seconds, peaks = [], []
     for _ in range(settings["reps"]):
         hidden.grad = weight.grad = None
         with PeakMemory(device) as memory:
             started = time.perf_counter()
-            if settings["path"] == "naive":
-                logprobs = naive_logprobs(hidden, weight, tokens)
-            else:
-                logprobs = chunked_head_logprobs(hidden, weight, tokens, chunk_size=settings["chunk_size"])[0]
-            (logprobs * upstream).sum().backward()
+            loss_of(settings, hidden, weight, tokens, minibatch).backward()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - started)
         peaks.append(memory.peak)
-        del logprobs
     return {"seconds": seconds, "peak_bytes": peaks}
 
 
@@ -103,10 +138,14 @@ def measure(path: str, tokens: int, vocab: int, args: argparse.Namespace, reps: 
     """Run :func:`worker` in a fresh process, so one measurement's allocations cannot shape another's."""
     settings = {
         "path": path, "tokens": tokens, "vocab": vocab, "hidden": args.hidden, "chunk_size": args.chunk_size,
+        "responses": args.responses,
         "device": args.device, "dtype": args.dtype, "reps": reps,
     }  # fmt: skip
     command = [sys.executable, __file__, "--worker", json.dumps(settings)]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:  # killed for memory, most likely: say so in the table instead of stopping
+        print(f"<!-- {path} at {tokens} tokens, V={vocab} failed ({result.returncode}): {result.stderr[-300:]} -->")
+        return {"seconds": [math.nan], "peak_bytes": [math.nan]}
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -118,7 +157,7 @@ def headline(args: argparse.Namespace) -> None:
     tokens = args.responses * args.response_tokens
     print(f"\n## {args.responses} x {args.response_tokens} tokens, V={args.vocab}, H={args.hidden}, "
           f"{args.dtype}, forward + backward, {args.reps} repetitions (median, min-max)\n")  # fmt: skip
-    results = {path: measure(path, tokens, args.vocab, args, args.reps) for path in ("naive", "chunked")}
+    results = {path: measure(path, tokens, args.vocab, args, args.reps) for path in PATHS}
     print("| path | seconds | peak memory (MB) | time / naive | memory / naive |")
     print("| --- | --- | --- | --- | --- |")
     naive_s, naive_mb = (statistics.median(results["naive"][k]) for k in ("seconds", "peak_bytes"))
@@ -129,7 +168,7 @@ def headline(args: argparse.Namespace) -> None:
 
 
 def sweep(args: argparse.Namespace, label: str, points: list[tuple[int, int]]) -> None:
-    print(f"\n## peak memory (MB) as {label} grows (1 repetition each, chunk_size={args.chunk_size})\n")
+    print(f"\n## peak memory (MB) as {label} (1 repetition each, chunk_size={args.chunk_size})\n")
     print("| tokens | vocab | naive | chunked | chunked / naive |")
     print("| --- | --- | --- | --- | --- |")
     for tokens, vocab in points:
