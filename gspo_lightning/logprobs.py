@@ -78,15 +78,19 @@ def response_logits(policy: nn.Module, input_ids: Tensor, attention_mask: Tensor
     Returns:
         [n, R, V] logits in the model's dtype.
     """
+    return _response_forward(policy, input_ids, attention_mask, response_length).logits[:, :-1]  # [n, R, V]
+
+
+def _response_forward(policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int):
+    """The policy's forward keeping only the positions that predict the response tokens (and the last)."""
     # Logits at position j predict token j + 1: the R response tokens need the R positions before them.
-    output = policy(
+    return policy(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids_from_mask(attention_mask),
         logits_to_keep=response_length + 1,
         use_cache=False,
     )
-    return output.logits[:, :-1]  # [n, R, V]
 
 
 def response_logprobs(
@@ -145,13 +149,7 @@ def response_scores(
         return logprobs  # [n, R] stands in for the logits the model returns
 
     with replaced_forward(head, head_logprobs):
-        output = policy(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            logits_to_keep=response_length + 1,
-            use_cache=False,
-        )
+        output = _response_forward(policy, input_ids, attention_mask, response_length)
     return TokenScores(output.logits, entropies[-1])
 
 

@@ -148,28 +148,22 @@ def generate_groups(
         the response starts at column ``Lp`` in every case.
     """
     prefilled: dict[str, Any] = {}
+    ids, mask = prompt_ids, prompt_mask  # [P, Lp]
     if share_prefill and group_size > 1:
         widened_ids, widened_mask = _at_least_two_columns(prompt_ids, prompt_mask, config.pad_token_id)  # [P, >=2]
         try:
             prefilled[_CACHE_KEYWORD] = prefill_prompt_cache(policy, widened_ids, widened_mask, group_size)
+            ids, mask = widened_ids, widened_mask
         except UnsharableCacheError as error:  # same model on every rank: every rank falls back alike
             warnings.warn(f"{error}; sampling without sharing the prompt prefill", stacklevel=2)
-        if prefilled and widened_ids.shape[1] > prompt_ids.shape[1]:
-            output = policy.generate(
-                input_ids=widened_ids.repeat_interleave(group_size, dim=0),  # [P * G, 2]
-                attention_mask=widened_mask.repeat_interleave(group_size, dim=0),  # [P * G, 2]
-                generation_config=config,
-                synced_gpus=synced_gpus,
-                **prefilled,
-            )
-            return _drop_first_column(output)
-    return policy.generate(
-        input_ids=prompt_ids.repeat_interleave(group_size, dim=0),  # [P * G, Lp]
-        attention_mask=prompt_mask.repeat_interleave(group_size, dim=0),  # [P * G, Lp]
+    output = policy.generate(
+        input_ids=ids.repeat_interleave(group_size, dim=0),  # [P * G, Lp']
+        attention_mask=mask.repeat_interleave(group_size, dim=0),  # [P * G, Lp']
         generation_config=config,
         synced_gpus=synced_gpus,
         **prefilled,
     )
+    return _drop_first_column(output) if ids.shape[1] > prompt_ids.shape[1] else output
 
 
 def _at_least_two_columns(prompt_ids: Tensor, prompt_mask: Tensor, pad_token_id: int | None) -> tuple[Tensor, Tensor]:
