@@ -39,14 +39,19 @@ def test_bad_settings_fail_before_the_model_is_built(kwargs, message):
         GSPOModule(TinyQwen3(**TINY), **kwargs)
 
 
-def _first_step(module: GSPOModule) -> dict:
-    """One training step on a fresh rollout, with log/log_dict captured."""
+def _fresh_rollout(module: GSPOModule):
+    """The module set up for fitting, a one-minibatch prompt batch and its freshly sampled rollout."""
     module.configure_model()
     module.on_fit_start()
     sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=1, max_new_tokens=4)
     batch = PromptBatch(["1+1=", "2+2="], {"answer": ["2", "4"]}, num_minibatches=1)
     torch.manual_seed(0)
-    rollout = sampler.sample(module, batch.prompts, batch.columns)
+    return batch, sampler.sample(module, batch.prompts, batch.columns)
+
+
+def _first_step(module: GSPOModule) -> dict:
+    """One training step on a fresh rollout, with log/log_dict captured."""
+    batch, rollout = _fresh_rollout(module)
     batch.minibatch = split_minibatches(rollout, 1, module.policy, reference=module.reference_policy)[0]
     logged = {}
     module.log = lambda name, value, **kwargs: logged.__setitem__(name, value)
@@ -86,12 +91,7 @@ def test_training_step_without_sampler_says_what_is_missing():
 def _off_policy_gradients(chunk_size: int, objective) -> tuple[dict, dict]:
     """Parameter gradients and logged values of one training step whose pi_old differs from pi_theta."""
     module = GSPOModule(TinyQwen3(**TINY), objective=objective, logprob_chunk_size=chunk_size)
-    module.configure_model()
-    module.on_fit_start()
-    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=1, max_new_tokens=4)
-    batch = PromptBatch(["1+1=", "2+2="], {"answer": ["2", "4"]}, num_minibatches=1)
-    torch.manual_seed(0)
-    rollout = sampler.sample(module, batch.prompts, batch.columns)
+    batch, rollout = _fresh_rollout(module)
     rollout.advantages = torch.linspace(-1.0, 1.0, len(rollout.advantages))
     minibatch = split_minibatches(rollout, 1, module.policy, reference=module.reference_policy)[0]
     # pi_old away from pi_theta on every other response, the ratio growing with the advantage, so that some
