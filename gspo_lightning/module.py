@@ -16,6 +16,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
+from gspo_lightning.gradient_norm import clip_by_step_norm, clips_with_plain_norm
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, response_scores
 from gspo_lightning.metric_logging import flush_step_metrics
 from gspo_lightning.models import PolicyLoader
@@ -203,9 +204,14 @@ class GSPOModule(pl.LightningModule):
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
     ) -> None:
+        by_norm = bool(gradient_clip_val) and gradient_clip_algorithm in (None, "norm")
         # FSDP1's precision plugin refuses norm clipping: the wrapped root computes the norm across shards.
-        if is_fsdp1(self.trainer.strategy) and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+        if by_norm and is_fsdp1(self.trainer.strategy):
             self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+            return
+        if by_norm and clips_with_plain_norm(self.trainer, optimizer):
+            # What clip_gradients would do, with the norm NonFiniteGuard already computed for this step.
+            clip_by_step_norm(self.trainer, optimizer, gradient_clip_val)
             return
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 

@@ -1,6 +1,6 @@
 """Framework overhead: gspo_lightning's time and memory per optimizer step against a bare PyTorch loop.
 
-    python experiments/bench/overhead.py                      # 4-5 minutes on 2 CPU cores
+    python experiments/bench/overhead.py                      # 5-6 minutes on 2 CPU cores
     python experiments/bench/overhead.py --reps 1 --steps 8   # a smoke run
     python experiments/bench/overhead.py --policy tiny        # a random TinyQwen3 (all rewards 0) on both sides
 
@@ -230,7 +230,7 @@ def machine_info() -> str:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=5, help="runs of each side")
+    parser.add_argument("--reps", type=int, default=9, help="runs of each side")
     parser.add_argument("--steps", type=int, default=120, help="timed optimizer steps per run (multiple of K)")
     parser.add_argument("--warmup-steps", type=int, default=8, help="untimed steps first (multiple of K, >= K)")
     parser.add_argument("--policy", choices=("warm", "tiny"), default="warm", help="tiny: random TinyQwen3")

@@ -193,6 +193,15 @@ class PromptDataModule(LightningDataModule):
             self._train_loader.mark_used(batch)
         return batch
 
+    def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        if not isinstance(batch, PromptBatch):
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        # Prompts and columns are Python values, tokenized on the module's device by the sampler, which also
+        # moves the minibatch it attaches: walking them with Lightning's generic mover cost time for nothing.
+        if batch.minibatch is not None:
+            batch.minibatch = batch.minibatch.to(device)
+        return batch
+
     @property
     def heldout_size(self) -> int:
         """Held-out prompts on this rank (rows ``rank::world_size`` of the eval split)."""
