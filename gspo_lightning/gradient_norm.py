@@ -37,9 +37,14 @@ class _NormOf:
         )
 
 
+def optimizer_parameters(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """Every parameter of ``optimizer``, group by group: the order Lightning's clipping reads them in."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def optimizer_gradients(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     """Every gradient of ``optimizer``'s parameters, in the order ``clip_grad_norm_`` reads them."""
-    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return [p.grad for p in optimizer_parameters(optimizer) if p.grad is not None]
 
 
 def step_gradient_norm(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Tensor:
@@ -61,8 +66,8 @@ def step_gradient_norm(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) ->
 
 def clip_by_step_norm(trainer: pl.Trainer, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
     """``clip_grad_norm_(params, max_norm)`` with the step's shared norm: the same gradients, bit for bit."""
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, step_gradient_norm(trainer, optimizer))
+    norm = step_gradient_norm(trainer, optimizer)
+    torch.nn.utils.clip_grads_with_norm_(optimizer_parameters(optimizer), max_norm, norm)
 
 
 def clips_with_plain_norm(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> bool:

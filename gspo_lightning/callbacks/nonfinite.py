@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gspo_lightning.callbacks.emergency import save_emergency_checkpoint
-from gspo_lightning.gradient_norm import step_gradient_norm
+from gspo_lightning.gradient_norm import optimizer_parameters, step_gradient_norm
 from gspo_lightning.metric_logging import log_across_ranks
 from gspo_lightning.validation import require
 
@@ -45,9 +45,8 @@ class NonFiniteGuard(Callback):
         # Sharded gradients: if any rank saw a bad shard, every rank skips, so the replicas stay equal.
         self._gradient_dropped = trainer.strategy.reduce_boolean_decision(not finite, all=False)
         if self._gradient_dropped:
-            for group in optimizer.param_groups:
-                for parameter in group["params"]:
-                    parameter.grad = None
+            for parameter in optimizer_parameters(optimizer):
+                parameter.grad = None
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
