@@ -8,6 +8,7 @@ from gspo_lightning.rollout.generation import (
     SamplingSettings,
     decode_responses,
     encode_prompts,
+    generate_groups,
     generate_responses,
     generate_with_logprobs,
     prefill_prompt_cache,
@@ -69,15 +70,19 @@ def test_greedy_settings_disable_sampling(tokenizer):
 GROUP = 3
 
 
-@pytest.fixture
-def sharp_policy(policy):
-    """The tiny policy with large random weights: greedy responses differ between prompts and some end with EOS,
-    where the default initialisation repeats one token whatever the prompt."""
-    generator = torch.Generator().manual_seed(0)
+def _sharpen(policy, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in policy.parameters():
             if parameter.dim() == 2:
                 parameter.normal_(0, 0.3, generator=generator)
+
+
+@pytest.fixture
+def sharp_policy(policy):
+    """The tiny policy with large random weights: greedy responses differ between prompts and some end with EOS,
+    where the default initialisation repeats one token whatever the prompt."""
+    _sharpen(policy, 0)
     return policy
 
 
@@ -129,16 +134,38 @@ def test_shared_prefill_samples_from_the_policys_distribution(sharp_policy, toke
     assert len({tuple(row) for row in responses.tolist()}) > 3  # sampled: a group's responses differ
 
 
+def _greedy_without_stopping(policy, tokenizer, ids, mask, max_new_tokens: int) -> torch.Tensor:
+    """Greedy responses that run the full ``max_new_tokens``: EOS is swapped for an id the model never emits."""
+    config = SamplingSettings(max_new_tokens=max_new_tokens, temperature=0.0).generation_config(tokenizer)
+    config.eos_token_id = policy.config.vocab_size
+    return generate_groups(policy, ids, mask, config, False, GROUP)[:, ids.shape[1] :]  # [P * G, max_new_tokens]
+
+
 @pytest.mark.parametrize("share_prefill", [False, True])
-def test_generation_stops_once_every_response_has_ended(sharp_policy, tokenizer, share_prefill):
+def test_generation_stops_once_every_response_has_ended(policy, tokenizer, share_prefill):
     ids, mask = encode_prompts(tokenizer, ["1+1=", "123+456="], "cpu")
-    settings = SamplingSettings(max_new_tokens=12, temperature=0.0)
+    max_new_tokens = 12
+    # Greedy tokens of random weights depend on the CPU's rounding, so the weights are chosen here, on this
+    # machine: the first seed whose prompts both reach EOS before the token budget, after different lengths.
+    for seed in range(256):
+        _sharpen(policy, seed)
+        reference = _greedy_without_stopping(policy, tokenizer, ids, mask, max_new_tokens)  # [6, 12]
+        reference_mask, truncated = response_mask_until_eos(reference, tokenizer.eos_token_id)  # [6, 12], [6]
+        lengths = reference_mask.sum(-1)  # [6]
+        if not truncated.any() and lengths.max() < max_new_tokens and lengths.min() < lengths.max():
+            break
+    else:
+        pytest.fail("no seed in 0..255 gives greedy responses that all end, after different lengths")
+    settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=0.0)
     responses = generate_responses(
-        sharp_policy, tokenizer, ids, mask, settings, group_size=GROUP, share_prefill=share_prefill
+        policy, tokenizer, ids, mask, settings, group_size=GROUP, share_prefill=share_prefill
     )  # [6, R]
-    response_mask, truncated = response_mask_until_eos(responses, tokenizer.eos_token_id)  # [6, R], [6]
-    assert not truncated.any()  # every response ends (with these weights: after 1 and 6 tokens)
-    assert responses.shape[1] == response_mask.sum(-1).max() < settings.max_new_tokens  # no step past the last EOS
+    assert responses.shape[1] == lengths.max()  # no step past the last EOS
+    response_mask, _ = response_mask_until_eos(responses, tokenizer.eos_token_id)  # [6, R]
+    assert torch.equal(response_mask.sum(-1), lengths)
+    kept = reference_mask[:, : responses.shape[1]].bool()  # [6, R]
+    assert torch.equal(responses[kept], reference[:, : responses.shape[1]][kept])
+    assert (responses[~kept] == tokenizer.pad_token_id).all()  # ended rows are padded, not continued
 
 
 def test_shared_prefill_with_one_group_member_is_the_plain_path(sharp_policy, tokenizer):
