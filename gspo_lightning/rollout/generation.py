@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +33,12 @@ _STATE_LAYERS = tuple(filter(None, [getattr(cache_utils, "LinearAttentionCacheLa
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How responses are drawn. ``temperature=0`` means greedy decoding; ``top_k=0`` disables top-k."""
+    """How responses are drawn. ``temperature=0`` means greedy decoding; ``top_k=0`` disables top-k.
+
+    Responses are drawn from exactly softmax(logits / temperature), restricted by ``top_p`` / ``top_k`` only when
+    they are set: no other logits processor runs, whatever the checkpoint's ``generation_config.json`` asks for
+    (see :func:`neutral_generation_defaults`).
+    """
 
     max_new_tokens: int
     temperature: float = 1.0
@@ -48,7 +55,42 @@ class SamplingSettings:
             top_k=None if greedy else self.top_k,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
+            # Every processor whose neutral value is not None, set explicitly: generate() fills unset fields
+            # from the model's generation config, and these would otherwise come from the checkpoint's.
+            num_beams=1,
+            num_return_sequences=1,
+            min_length=0,
+            min_new_tokens=0,
+            repetition_penalty=1.0,
+            encoder_repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            encoder_no_repeat_ngram_size=0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            renormalize_logits=False,
+            remove_invalid_values=False,
         )
+
+
+@contextmanager
+def neutral_generation_defaults(policy: nn.Module) -> Iterator[None]:
+    """Run ``generate`` with no defaults from the checkpoint's ``generation_config.json``.
+
+    ``generate`` fills every field its config leaves unset from ``model.generation_config``; fields whose neutral
+    value is None (``bad_words_ids``, ``suppress_tokens``, ``begin_suppress_tokens``, ``sequence_bias``,
+    ``forced_eos_token_id``, ``min_p``, ``stop_strings``, ``watermarking_config``, ...) cannot be pinned in the
+    config itself, so the model's defaults are swapped for empty ones while sampling and put back afterwards
+    (an exported policy keeps its checkpoint's generation config).
+    """
+    get_base_model = getattr(policy, "get_base_model", None)  # a peft wrapper generates with its base model
+    model = get_base_model() if callable(get_base_model) else policy
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> str:
@@ -156,13 +198,14 @@ def generate_groups(
             ids, mask = widened_ids, widened_mask
         except UnsharableCacheError as error:  # same model on every rank: every rank falls back alike
             warnings.warn(f"{error}; sampling without sharing the prompt prefill", stacklevel=2)
-    output = policy.generate(
-        input_ids=ids.repeat_interleave(group_size, dim=0),  # [P * G, Lp']
-        attention_mask=mask.repeat_interleave(group_size, dim=0),  # [P * G, Lp']
-        generation_config=config,
-        synced_gpus=synced_gpus,
-        **prefilled,
-    )
+    with neutral_generation_defaults(policy):
+        output = policy.generate(
+            input_ids=ids.repeat_interleave(group_size, dim=0),  # [P * G, Lp']
+            attention_mask=mask.repeat_interleave(group_size, dim=0),  # [P * G, Lp']
+            generation_config=config,
+            synced_gpus=synced_gpus,
+            **prefilled,
+        )
     return _drop_first_column(output) if ids.shape[1] > prompt_ids.shape[1] else output
 
 

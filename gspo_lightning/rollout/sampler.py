@@ -69,8 +69,11 @@ class GroupSampler(Callback):
         num_minibatches: K, optimizer steps per rollout batch (the paper uses 4); must divide P x G.
         max_new_tokens: longest response; longer ones are cut and counted as truncated.
         temperature: sampling temperature (> 0); log-probs are taken at the same temperature.
-        top_p: nucleus sampling threshold in (0, 1] (1 disables it).
-        top_k: top-k sampling (0 disables it).
+        top_p: must stay 1.0 (no nucleus truncation): pi_old's and pi_theta's log-probs are those of
+            softmax(logits / temperature) over the whole vocabulary, which truncated samples do not come from.
+            No other logits processor runs either, whatever the checkpoint's generation config says
+            (repetition penalty, min_new_tokens, suppressed tokens, its own temperature / top_p / top_k).
+        top_k: must stay 0 (no top-k truncation), for the same reason.
         advantage_scale: what the group-centred rewards are divided by: ``group`` std (Eq. 6), ``batch`` std
             of all rewards, or ``none`` (Dr. GRPO).
         reward_timeout_s: seconds one reward function may take on one rollout batch (null: no limit; needs

@@ -35,8 +35,12 @@ def validate_sampling(
     require(num_minibatches >= 1, f"sampler.num_minibatches must be >= 1, got {num_minibatches}")
     require(max_new_tokens >= 1, f"sampler.max_new_tokens must be >= 1, got {max_new_tokens}")
     require(temperature > 0, f"sampler.temperature must be > 0, got {temperature}")
-    require(0 < top_p <= 1, f"sampler.top_p must be in (0, 1], got {top_p}")
-    require(top_k >= 0, f"sampler.top_k must be >= 0 (0 disables it), got {top_k}")
+    # pi_old and pi_theta are softmax(logits / temperature) over the whole vocabulary (logprobs.py): samples
+    # from a truncated distribution would not come from the policy the ratios describe (a biased gradient).
+    untruncated = "the log-probs of pi_old and pi_theta are those of softmax(logits / temperature) over the whole "
+    untruncated += "vocabulary, so truncated sampling would bias the gradient (evaluation.top_p/top_k may truncate)"
+    require(top_p == 1, f"sampler.top_p must be 1.0 (no nucleus truncation), got {top_p}: {untruncated}")
+    require(top_k == 0, f"sampler.top_k must be 0 (no top-k truncation), got {top_k}: {untruncated}")
 
 
 def validate_robustness(

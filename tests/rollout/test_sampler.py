@@ -95,7 +95,8 @@ def test_sampler_rejects_a_module_without_the_contract(policy, tokenizer):
         ({"group_size": 1}, "group_size must be >= 2"),
         ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
         ({"temperature": 0.0}, "temperature must be > 0"),
-        ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+        ({"top_p": 0.95}, r"sampler.top_p must be 1.0 \(no nucleus truncation\), got 0.95: the log-probs"),
+        ({"top_k": 20}, r"sampler.top_k must be 0 \(no top-k truncation\), got 20"),
         ({"reward_weights": [1.0, 2.0]}, "reward_weights has 2 values for 1 rewards"),
     ],
 )
