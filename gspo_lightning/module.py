@@ -21,7 +21,13 @@ from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, response_sc
 from gspo_lightning.metric_logging import flush_step_metrics
 from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
-from gspo_lightning.objectives import ObjectiveSpec, objective_loss, resolve_objective
+from gspo_lightning.objectives import (
+    KLRewardPenalty,
+    ObjectiveSpec,
+    objective_loss,
+    resolve_objective,
+    reward_kl_penalty,
+)
 from gspo_lightning.rollout.minibatches import objective_gradient
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
 from gspo_lightning.step_metrics import log_expert_change, log_step_metrics
@@ -100,6 +106,11 @@ class GSPOModule(pl.LightningModule):
     def reference_policy(self) -> nn.Module | None:
         """The frozen initial policy for the KL penalty, or None when the objective has none."""
         return self._reference[0] if self._reference else None
+
+    @property
+    def kl_reward_penalty(self) -> KLRewardPenalty | None:
+        """The KL penalty the sampler subtracts from the rewards (objective ``kl_in: reward``), or None."""
+        return reward_kl_penalty(self.objective)
 
     def configure_model(self) -> None:
         """Build the policy here, not in ``__init__``, so sharded strategies can wrap it as it is created."""

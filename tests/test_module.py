@@ -82,6 +82,14 @@ def test_kl_penalty_uses_a_frozen_reference_kept_on_cpu():
     assert logged["train/kl"] == 0.0  # policy == reference before any update
 
 
+def test_a_kl_reward_penalty_builds_the_reference_and_leaves_the_loss_alone():
+    spec = ObjectiveSpec(ratio="sequence", kl_coef=0.1, kl_estimator="k1", kl_in="reward")
+    module = GSPOModule(TinyQwen3(**TINY), objective=spec)
+    logged = _first_step(module)
+    assert module.reference_policy is not None and module.kl_reward_penalty.coef == 0.1
+    assert logged["train/kl"] == 0.0 and GSPOModule(TinyQwen3(**TINY)).kl_reward_penalty is None
+
+
 def test_training_step_without_sampler_says_what_is_missing():
     module = GSPOModule(TinyQwen3(**TINY))
     with pytest.raises(RuntimeError, match="add gspo_lightning.GroupSampler"):

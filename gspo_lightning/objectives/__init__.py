@@ -9,7 +9,14 @@ from gspo_lightning.objectives.clipping import MAX_EXP_LOG_RATIO, exp_with_linea
 from gspo_lightning.objectives.grpo import dr_grpo_loss, grpo_loss, grpo_token_mean_loss, grpo_token_objective
 from gspo_lightning.objectives.gspo import gspo_loss, sequence_log_ratio
 from gspo_lightning.objectives.gspo_token import gspo_token_log_ratio, gspo_token_loss, per_token_advantages
-from gspo_lightning.objectives.kl import KL_ESTIMATORS, KLEstimator, k3_from_log_ratio, kl_penalty
+from gspo_lightning.objectives.kl import (
+    KL_ESTIMATORS,
+    KLEstimator,
+    KLRewardPenalty,
+    k3_from_log_ratio,
+    kl_penalty,
+    kl_reward_penalty,
+)
 from gspo_lightning.objectives.spec import (
     AGGREGATIONS,
     OBJECTIVE_PRESETS,
@@ -17,6 +24,7 @@ from gspo_lightning.objectives.spec import (
     ObjectiveSpec,
     objective_loss,
     resolve_objective,
+    reward_kl_penalty,
     validate_spec,
 )
 
@@ -29,6 +37,7 @@ __all__ = [
     "RATIOS",
     "AdvantageScale",
     "KLEstimator",
+    "KLRewardPenalty",
     "ObjectiveSpec",
     "aggregate_constant",
     "aggregate_sequence_mean",
@@ -44,9 +53,11 @@ __all__ = [
     "gspo_token_loss",
     "k3_from_log_ratio",
     "kl_penalty",
+    "kl_reward_penalty",
     "objective_loss",
     "per_token_advantages",
     "resolve_objective",
+    "reward_kl_penalty",
     "sequence_log_ratio",
     "validate_spec",
 ]

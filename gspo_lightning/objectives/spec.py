@@ -19,7 +19,15 @@ from gspo_lightning.objectives.aggregation import aggregate_constant, aggregate_
 from gspo_lightning.objectives.grpo import dr_grpo_loss, grpo_loss, grpo_token_mean_loss
 from gspo_lightning.objectives.gspo import gspo_loss
 from gspo_lightning.objectives.gspo_token import gspo_token_loss
-from gspo_lightning.objectives.kl import KL_ESTIMATORS, kl_penalty
+from gspo_lightning.objectives.kl import (
+    KL_ESTIMATORS,
+    KL_PLACEMENTS,
+    LOSS_KL_ESTIMATORS,
+    KLEstimator,
+    KLPlacement,
+    KLRewardPenalty,
+    kl_penalty,
+)
 
 RATIOS: tuple[str, ...] = ("sequence", "token", "sequence_token")
 AGGREGATIONS: tuple[str, ...] = ("sequence_mean", "token_mean", "constant")
@@ -37,8 +45,12 @@ class ObjectiveSpec:
             (GSPO-token's s_i,t, Eqs. 13-17, which accepts per-token advantages).
         aggregation: ``"sequence_mean"`` (each response 1/N; Eqs. 2, 5, 13), ``"token_mean"`` (DAPO) or
             ``"constant"`` (Dr. GRPO, sum over ``N * max_tokens``); the last two need ``ratio="token"``.
-        kl_coef: weight of the KL(pi_theta || pi_ref) penalty added to the loss; 0 (the paper's choice) is off.
-        kl_estimator: ``"k1"`` or ``"k3"`` (see ``kl_penalty``).
+        kl_coef: weight of the KL penalty to the reference policy; 0 (the paper's choice) is off.
+        kl_estimator: ``"k2"`` (its gradient is that of KL(pi_theta || pi_ref)), ``"k3"`` (its gradient is that of
+            KL(pi_ref || pi_theta)) or, only with ``kl_in="reward"``, ``"k1"`` (see :mod:`objectives.kl`).
+        kl_in: ``"loss"`` adds ``kl_coef`` times the aggregated per-token estimate to the loss; ``"reward"``
+            subtracts ``kl_coef`` times each response's summed estimate (pi_old vs pi_ref) from its reward before
+            the advantages are computed.
         max_tokens: Dr. GRPO's constant (the generation budget); only with ``aggregation="constant"``, where
             ``None`` means the padded length T of each minibatch.
     """
@@ -46,8 +58,9 @@ class ObjectiveSpec:
     ratio: Literal["sequence", "token", "sequence_token"]
     aggregation: Literal["sequence_mean", "token_mean", "constant"] = "sequence_mean"
     kl_coef: float = 0.0
-    kl_estimator: Literal["k1", "k3"] = "k3"
+    kl_estimator: KLEstimator = "k3"
     max_tokens: int | None = None
+    kl_in: KLPlacement = "loss"
 
     def __post_init__(self) -> None:
         validate_spec(self)
@@ -73,6 +86,15 @@ def validate_spec(spec: ObjectiveSpec) -> None:
         raise ValueError(
             f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, got kl_estimator={spec.kl_estimator!r}"
         )
+    if spec.kl_in not in KL_PLACEMENTS:
+        raise ValueError(f"kl_in must be one of {', '.join(KL_PLACEMENTS)}, got kl_in={spec.kl_in!r}")
+    if spec.kl_in == "loss" and spec.kl_coef > 0 and spec.kl_estimator not in LOSS_KL_ESTIMATORS:
+        raise ValueError(
+            f"kl_estimator={spec.kl_estimator!r} as a loss term has an expected gradient of 0 on the sampled "
+            f"tokens (it adds noise and no pull to the reference); use kl_estimator one of "
+            f"{', '.join(LOSS_KL_ESTIMATORS)} (k2's gradient is that of KL(pi_theta || pi_ref), k3's that of "
+            f"KL(pi_ref || pi_theta)), or kl_in='reward' to subtract it from the rewards"
+        )
     if spec.max_tokens is not None and spec.aggregation != "constant":
         raise ValueError(
             f"max_tokens={spec.max_tokens} only applies to aggregation='constant' (Dr. GRPO) and would be "
@@ -89,6 +111,13 @@ OBJECTIVE_PRESETS: dict[str, ObjectiveSpec] = {
     "dapo": ObjectiveSpec(ratio="token", aggregation="token_mean"),  # DAPO's token-level loss
     "dr_grpo": ObjectiveSpec(ratio="token", aggregation="constant"),  # Dr. GRPO; pair with scale="none"
 }
+
+
+def reward_kl_penalty(spec: ObjectiveSpec) -> KLRewardPenalty | None:
+    """The KL penalty ``spec`` subtracts from the rewards (``kl_in="reward"``), or None."""
+    if spec.kl_coef > 0 and spec.kl_in == "reward":
+        return KLRewardPenalty(spec.kl_coef, spec.kl_estimator)
+    return None
 
 
 def resolve_objective(name_or_spec: str | ObjectiveSpec) -> ObjectiveSpec:
@@ -132,7 +161,8 @@ def objective_loss(
     eps_high: float,
     ref_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss ``spec`` names, plus ``kl_coef * KL`` when ``spec.kl_coef > 0``; returns ``(loss, stats)``.
+    """The loss ``spec`` names, plus ``kl_coef * KL`` when ``spec.kl_coef > 0`` and ``spec.kl_in == "loss"``;
+    returns ``(loss, stats)``.
 
     The KL estimate (``kl_penalty``, per token) is aggregated the way the objective aggregates its tokens
     (sequence_mean: per-response token mean, then mean over valid responses), so the penalty weighs responses
@@ -142,7 +172,7 @@ def objective_loss(
     ``ref_logprobs`` [N, T] are the reference policy's log-probabilities, required when ``kl_coef > 0``.
     """
     validate_spec(spec)
-    if spec.kl_coef > 0 and ref_logprobs is None:
+    if spec.kl_coef > 0 and spec.kl_in == "loss" and ref_logprobs is None:
         raise ValueError(f"kl_coef={spec.kl_coef} > 0 needs ref_logprobs (the reference policy's log-probs)")
     loss_fn = _LOSSES[(spec.ratio, spec.aggregation)](spec)
     loss, stats = loss_fn(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
@@ -150,6 +180,6 @@ def objective_loss(
         return loss, stats
     token_kl = kl_penalty(logprobs, ref_logprobs, mask, spec.kl_estimator)  # [N, T]
     kl = _AGGREGATORS[spec.aggregation](token_kl, mask != 0, spec)  # []
-    if spec.kl_coef > 0:
+    if spec.kl_coef > 0 and spec.kl_in == "loss":
         loss = loss + spec.kl_coef * kl
     return loss, {**stats, "kl": kl.detach().float()}

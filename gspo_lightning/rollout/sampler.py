@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -22,7 +23,7 @@ from lightning.pytorch.callbacks import Callback
 
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE
 from gspo_lightning.metric_logging import flush_step_metrics, log_across_ranks, shows_progress_bar
-from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale
+from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale, KLRewardPenalty
 from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
 from gspo_lightning.rewards.scoring import RewardErrors, RewardFunction, score_completions
 from gspo_lightning.rollout.context import inference_context, parameters_are_sharded
@@ -48,7 +49,7 @@ from gspo_lightning.rollout.sampler_checks import (
     validate_robustness,
     validate_sampling,
 )
-from gspo_lightning.rollout.signal import advantages_with_skips, skipped_responses
+from gspo_lightning.rollout.signal import advantages_with_skips, kl_penalised_rewards, skipped_responses
 from gspo_lightning.rollout.stats import rollout_stats
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
 from gspo_lightning.validation import require
@@ -223,8 +224,31 @@ class GroupSampler(Callback):
                 chunk_size=getattr(pl_module, "logprob_chunk_size", DEFAULT_CHUNK_SIZE),
             )
             self._round_seconds["old_logprob_s"] = time.perf_counter() - started
+        penalty = getattr(pl_module, "kl_reward_penalty", None)
+        if penalty is not None:
+            rollout = self._penalise_rewards(rollout, penalty)
         self._stats = rollout_stats(rollout, self.group_size)
         self._rollout_index = batch.rollout_index
+
+    def _penalise_rewards(self, rollout: Rollout, penalty: KLRewardPenalty) -> Rollout:
+        """``kl_in="reward"``: each response's reward minus beta * its KL(pi_old || pi_ref) estimate, and the
+        advantages (Eq. 6) recomputed from those, in the minibatches and the returned rollout."""
+        if any(mb.ref_logprobs is None for mb in self._minibatches):
+            raise ValueError("a KL reward penalty needs the LightningModule's reference_policy (kl_coef > 0)")
+        parts = [
+            kl_penalised_rewards(mb.rewards, mb.old_logprobs, mb.ref_logprobs, mb.response_mask, penalty)
+            for mb in self._minibatches
+        ]
+        rewards = torch.cat([penalised for penalised, _ in parts])  # [N]
+        skipped = skipped_responses(rollout.rewards, rollout.prompt_skipped, self.group_size)  # [N]
+        advantages = advantages_with_skips(rewards, skipped.to(rewards.device), self.group_size, self.advantage_scale)
+        size = len(self._minibatches[0])
+        self._minibatches = [
+            replace(mb, advantages=advantages[k * size : (k + 1) * size].to(mb.advantages.device))
+            for k, mb in enumerate(self._minibatches)
+        ]
+        kl = torch.cat([estimate for _, estimate in parts])  # [N]
+        return replace(rollout, advantages=advantages.to(rollout.advantages.device), kl_penalties=kl)
 
     def sample(
         self, pl_module: Any, prompts: list[Any], columns: dict[str, list[Any]], synced_gpus: bool = False

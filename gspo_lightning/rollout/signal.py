@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gspo_lightning.objectives import AdvantageScale, group_advantages
+from gspo_lightning.objectives import AdvantageScale, KLRewardPenalty, group_advantages, kl_reward_penalty
 
 
 def skipped_responses(rewards: Tensor, prompt_skipped: Tensor | None, group_size: int) -> Tensor:
@@ -34,3 +34,21 @@ def advantages_with_skips(rewards: Tensor, skipped: Tensor, group_size: int, sca
     kept = ~skipped  # [N] whole groups, so the kept rows stay group-contiguous
     advantages[kept] = group_advantages(rewards[kept], group_size, scale)  # [N_kept]
     return advantages
+
+
+def kl_penalised_rewards(
+    rewards: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, penalty: KLRewardPenalty
+) -> tuple[Tensor, Tensor]:
+    """``r - beta * KL`` per response (``kl_in="reward"``), and the KL estimates themselves.
+
+    Args:
+        rewards: [N] combined rewards (NaN where unavailable: it stays NaN and its group stays skipped).
+        old_logprobs: [N, R] pi_old's log-probs of the sampled tokens.
+        ref_logprobs: [N, R] pi_ref's.
+        response_mask: [N, R].
+        penalty: the coefficient and the per-token estimator (see ``kl_reward_penalty``).
+    Returns:
+        penalised rewards [N] float32 and the summed KL estimate of each response [N] float32.
+    """
+    kl = kl_reward_penalty(old_logprobs, ref_logprobs, response_mask, penalty.estimator)  # [N]
+    return rewards.float().to(kl.device) - penalty.coef * kl, kl

@@ -55,6 +55,8 @@ def rollout_stats(rollout: Rollout, group_size: int) -> dict[str, Tensor]:
         "prompts_skipped": _groups(rollout.prompt_skipped, group_size),
         "no_signal": (rollout.advantages == 0).all().float(),
     }
+    if rollout.kl_penalties is not None:  # kl_in="reward": the estimate subtracted (times beta) from the rewards
+        stats["kl_penalty_mean"] = rollout.kl_penalties.float().mean()
     for name, scores in rollout.reward_components.items():
         stats[f"reward/{name}"] = scores.float().nanmean()
     return {key: value.detach().float().cpu() for key, value in stats.items()}

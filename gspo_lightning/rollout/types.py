@@ -99,6 +99,8 @@ class Rollout:
                                  overflowed (``prompt_overflow="skip"``); None: nothing skipped
         sampler_logprobs: [N, R] float32 log-probs of the sampled tokens from the sampling pass itself, when
                                  pi_old is taken from the sampler (``old_logprobs="sampler"``); else None
+        kl_penalties:   [N]      float32 summed KL(pi_old || pi_ref) estimate of each response, when it was
+                                 subtracted from the rewards (``kl_in="reward"``); else None
     """
 
     prompt_ids: Tensor
@@ -113,6 +115,7 @@ class Rollout:
     prompt_cut: Tensor | None = None
     prompt_skipped: Tensor | None = None
     sampler_logprobs: Tensor | None = None
+    kl_penalties: Tensor | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

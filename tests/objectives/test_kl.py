@@ -9,12 +9,16 @@ from torch import Tensor
 
 from gspo_lightning.objectives import (
     OBJECTIVE_PRESETS,
+    KLRewardPenalty,
+    kl_reward_penalty,
+    reward_kl_penalty,
     aggregate_constant,
     aggregate_sequence_mean,
     aggregate_token_mean,
     kl_penalty,
     objective_loss,
 )
+from gspo_lightning.rollout.signal import kl_penalised_rewards
 from tests.objectives.helpers import close, random_batch
 
 LOG_HALF, LOG_QUARTER = math.log(0.5), math.log(0.25)
@@ -36,6 +40,15 @@ def test_k1_hand_values_and_gradient() -> None:
     assert torch.equal(grad, torch.tensor([[1.0, 1.0, 0.0]]))
 
 
+def test_k2_hand_values_and_gradient() -> None:
+    logprobs, ref, mask = hand_batch()
+    kl = kl_penalty(logprobs, ref, mask, "k2")
+    # k2 = (log pi - log pi_ref)^2 / 2 = (log 2)^2 / 2 for both tokens; d k2 / d log pi = log r = +-log 2.
+    close(kl, torch.tensor([[0.5 * math.log(2) ** 2, 0.5 * math.log(2) ** 2, 0.0]]))
+    (grad,) = torch.autograd.grad(kl.sum(), logprobs)
+    close(grad, torch.tensor([[math.log(2), -math.log(2), 0.0]]))
+
+
 def test_k3_hand_values_and_gradient() -> None:
     logprobs, ref, mask = hand_batch()
     kl = kl_penalty(logprobs, ref, mask, "k3")
@@ -46,7 +59,7 @@ def test_k3_hand_values_and_gradient() -> None:
     close(grad, torch.tensor([[0.5, -1.0, 0.0]]))
 
 
-@pytest.mark.parametrize("estimator", ["k1", "k3"])
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
 def test_zero_on_padding_even_with_non_finite_values_and_float32(estimator: str) -> None:
     logprobs, old, _, mask = random_batch(3, [5, 0, 3, 1], 0.5)
     ref = torch.where(mask, old, torch.full_like(old, float("nan")))  # NaN on padding
@@ -80,8 +93,8 @@ def test_k3_stays_finite_for_an_extreme_log_ratio() -> None:
 
 
 def test_unknown_estimator_and_shapes_are_rejected() -> None:
-    with pytest.raises(ValueError, match=r"estimator must be one of k1, k3, got estimator='k2'"):
-        kl_penalty(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), "k2")
+    with pytest.raises(ValueError, match=r"estimator must be one of k1, k2, k3, got estimator='k4'"):
+        kl_penalty(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), "k4")
     with pytest.raises(ValueError, match=r"must all be \[N, T\]"):
         kl_penalty(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2), "k1")
 
@@ -93,7 +106,7 @@ def naive_sequence_mean(values: Tensor, mask: Tensor) -> Tensor:
 
 
 @pytest.mark.parametrize("preset", ["gspo", "gspo_token", "grpo", "dapo", "dr_grpo"])
-@pytest.mark.parametrize("estimator", ["k1", "k3"])
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
 def test_objective_loss_adds_exactly_kl_coef_times_the_aggregated_kl(preset: str, estimator: str) -> None:
     logprobs, old, advantages, mask = random_batch(5, [6, 1, 0, 4, 2, 6], 0.3)
     ref = torch.where(mask, old + 0.5 * torch.randn(old.shape), torch.full_like(old, float("nan")))  # [N, T]
@@ -132,3 +145,73 @@ def test_missing_reference_with_positive_kl_coef_is_rejected() -> None:
     spec = replace(OBJECTIVE_PRESETS["gspo"], kl_coef=0.1)
     with pytest.raises(ValueError, match=r"kl_coef=0.1 > 0 needs ref_logprobs"):
         objective_loss(spec, logprobs, old, advantages, mask, 0.2, 0.2)
+
+
+def test_a_reward_placed_kl_is_reported_but_never_added_to_the_loss() -> None:
+    logprobs, old, advantages, mask = random_batch(5, [3, 2], 0.3)
+    spec = replace(OBJECTIVE_PRESETS["gspo"], kl_coef=0.5, kl_estimator="k1", kl_in="reward")
+    with_ref, stats = objective_loss(spec, logprobs, old, advantages, mask, 0.2, 0.2, ref_logprobs=old - 0.1)
+    without, _ = objective_loss(OBJECTIVE_PRESETS["gspo"], logprobs, old, advantages, mask, 0.2, 0.2)
+    assert torch.equal(with_ref, without) and "kl" in stats
+    assert reward_kl_penalty(spec) == KLRewardPenalty(0.5, "k1") and reward_kl_penalty(OBJECTIVE_PRESETS["gspo"]) is None
+
+
+# ---- expected gradients, enumerated exactly over a small vocabulary --------------------------------------------
+
+VOCAB = 6
+
+
+def _policy_and_reference() -> tuple[Tensor, Tensor]:
+    """Logits theta of pi_theta (float64, differentiable) and a fixed reference distribution, log-probs [V]."""
+    generator = torch.Generator().manual_seed(3)
+    theta = torch.randn(VOCAB, generator=generator, dtype=torch.float64).requires_grad_()
+    ref = torch.log_softmax(torch.randn(VOCAB, generator=generator, dtype=torch.float64), -1)
+    return theta, ref
+
+
+def _expected_loss_gradient(estimator: str) -> tuple[Tensor, Tensor, Tensor]:
+    """E_{y ~ pi_theta}[grad_theta k(y)] for a one-token response, summed exactly over the V tokens."""
+    theta, ref = _policy_and_reference()
+    logprobs = torch.log_softmax(theta, -1)  # [V]
+    per_token = kl_penalty(logprobs[:, None], ref[:, None], torch.ones(VOCAB, 1), estimator)[:, 0]  # [V]: y = each
+    weights = logprobs.exp().detach().float()  # [V] pi_theta(y): the sampling distribution, not differentiated
+    (expected,) = torch.autograd.grad((weights * per_token).sum(), theta)
+    return expected.double(), theta, ref
+
+
+def _divergence_gradient(theta: Tensor, ref: Tensor, reverse: bool) -> Tensor:
+    """The exact gradient of KL(pi_theta || pi_ref), or of KL(pi_ref || pi_theta) when ``reverse``."""
+    logprobs = torch.log_softmax(theta, -1)
+    kl = (ref.exp() * (ref - logprobs)).sum() if reverse else (logprobs.exp() * (logprobs - ref)).sum()
+    return torch.autograd.grad(kl, theta)[0]
+
+
+def test_k1_as_a_loss_term_has_zero_expected_gradient() -> None:
+    expected, _, _ = _expected_loss_gradient("k1")
+    torch.testing.assert_close(expected, torch.zeros(VOCAB, dtype=torch.float64), rtol=0, atol=1e-7)
+
+
+def test_k2_as_a_loss_term_follows_the_gradient_of_kl_policy_to_reference() -> None:
+    expected, theta, ref = _expected_loss_gradient("k2")
+    forward = _divergence_gradient(theta, ref, reverse=False)
+    torch.testing.assert_close(expected, forward, rtol=1e-5, atol=1e-7)
+    assert (forward - _divergence_gradient(theta, ref, reverse=True)).abs().max() > 1e-2  # the two differ here
+
+
+def test_k3_as_a_loss_term_follows_the_gradient_of_kl_reference_to_policy() -> None:
+    expected, theta, ref = _expected_loss_gradient("k3")
+    torch.testing.assert_close(expected, _divergence_gradient(theta, ref, reverse=True), rtol=1e-5, atol=1e-7)
+
+
+def test_k1_as_a_reward_penalty_pulls_towards_the_reference() -> None:
+    """Subtracted from the reward, -beta * k1(y) enters the score-function gradient E[R(y) grad log pi(y)]."""
+    theta, ref = _policy_and_reference()
+    logprobs = torch.log_softmax(theta, -1)  # [V]
+    beta = 0.3
+    kl = kl_reward_penalty(logprobs.detach()[:, None], ref[:, None], torch.ones(VOCAB, 1), "k1")  # [V]
+    rewards, _ = kl_penalised_rewards(torch.zeros(VOCAB), logprobs.detach()[:, None], ref[:, None],
+                                      torch.ones(VOCAB, 1), KLRewardPenalty(beta, "k1"))  # fmt: skip
+    torch.testing.assert_close(rewards.double(), -beta * kl.double())
+    weights = logprobs.exp().detach()  # [V]
+    (expected,) = torch.autograd.grad((weights * rewards.double() * logprobs).sum(), theta)  # REINFORCE
+    torch.testing.assert_close(expected, -beta * _divergence_gradient(theta, ref, reverse=False), rtol=1e-5, atol=1e-7)

@@ -59,7 +59,7 @@ def test_gspo_token_spec_takes_per_token_advantages() -> None:
 
 
 def test_a_spec_resolves_to_itself_and_specs_are_frozen() -> None:
-    spec = ObjectiveSpec(ratio="token", kl_coef=0.01, kl_estimator="k1")
+    spec = ObjectiveSpec(ratio="token", kl_coef=0.01, kl_estimator="k1", kl_in="reward")
     assert resolve_objective(spec) is spec
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.kl_coef = 0.1  # type: ignore[misc]
@@ -90,7 +90,9 @@ def test_sequence_ratio_with_a_length_weighted_aggregation_is_rejected(ratio: st
         ({"ratio": "sequence", "kl_coef": -0.1}, r"kl_coef must be a finite number >= 0"),
         ({"ratio": "sequence", "kl_coef": float("nan")}, r"kl_coef must be a finite number >= 0"),
         ({"ratio": "sequence", "kl_coef": float("inf")}, r"kl_coef must be a finite number >= 0"),
-        ({"ratio": "sequence", "kl_estimator": "k2"}, r"kl_estimator must be one of k1, k3, got kl_estimator='k2'"),
+        ({"ratio": "sequence", "kl_estimator": "k4"}, r"kl_estimator must be one of k1, k2, k3, got kl_estimator='k4'"),
+        ({"ratio": "sequence", "kl_coef": 0.1, "kl_estimator": "k1"}, r"expected gradient of 0 .* use kl_estimator one of k2, k3"),
+        ({"ratio": "sequence", "kl_in": "advantage"}, r"kl_in must be one of loss, reward, got kl_in='advantage'"),
         ({"ratio": "token", "aggregation": "constant", "max_tokens": 0}, r"max_tokens must be an integer >= 1"),
         ({"ratio": "token", "aggregation": "constant", "max_tokens": -5}, r"max_tokens must be an integer >= 1"),
         ({"ratio": "token", "max_tokens": 512}, r"max_tokens=512 only applies to aggregation='constant'"),

@@ -132,3 +132,26 @@ def test_sharing_the_prompt_prefill_draws_the_same_rollout(policy, tokenizer, ol
     if old_logprobs == "sampler":
         mask = shared.response_mask.bool()
         torch.testing.assert_close(shared.sampler_logprobs[mask], plain.sampler_logprobs[mask], rtol=0, atol=1e-5)
+
+
+def test_a_kl_reward_penalty_is_subtracted_before_the_advantages(policy, tokenizer):
+    import copy
+
+    from gspo_lightning.objectives import KLRewardPenalty, group_advantages
+
+    module = ReinforceModule(policy, tokenizer)
+    module.reference_policy = copy.deepcopy(policy).requires_grad_(False)
+    with torch.no_grad():
+        for parameter in module.reference_policy.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))  # a reference that differs from pi_old
+    module.kl_reward_penalty = KLRewardPenalty(coef=0.5, estimator="k1")
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=2, max_new_tokens=4)
+    loader = DataLoader(_prompt_batches(1, 2)[:1], batch_size=None, collate_fn=lambda b: b)
+    _trainer(sampler, 1).fit(module, loader)
+    mbs = sampler._minibatches
+    kl = torch.cat([((mb.old_logprobs - mb.ref_logprobs) * mb.response_mask).sum(-1) for mb in mbs])  # [N]
+    rewards = torch.cat([mb.rewards for mb in mbs])  # [N] as scored, before the penalty
+    expected = group_advantages(rewards - 0.5 * kl, 4, "group")
+    torch.testing.assert_close(torch.cat([mb.advantages for mb in mbs]), expected, rtol=1e-5, atol=1e-6)
+    assert kl.abs().max() > 1e-3  # the penalty did change the advantages
+    torch.testing.assert_close(module.trainer.callback_metrics["rollout/kl_penalty_mean"], kl.mean())
