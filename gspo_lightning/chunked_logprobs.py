@@ -24,6 +24,7 @@ The per-token result is :func:`gspo_lightning.logprobs.token_logprobs` of the he
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ from torch import Tensor
 UpstreamPredictor = Callable[[Tensor, slice], Tensor]
 """``(logprobs [k, R] of responses ``rows``, rows) -> d loss / d logprobs [k, R]`` for those responses."""
 
-_PREDICTION_RTOL = 1e-5  # residual, relative to the arriving gradient, under which the prediction is used as is
+_PREDICTION_RTOL = 1e-5  # residual norm, relative to the arriving gradient's, under which the prediction is used as is
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,15 @@ def _normalise_in_place(scores: Tensor) -> tuple[Tensor, Tensor]:
     return scores.div_(total), (largest + total.log()).squeeze(-1)
 
 
+def _scaled_to(values: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``values`` (float32) divided by the power of two that brings its largest magnitude into [1, 2), cast to
+    ``dtype`` (exact but for the cast), and that power of two; no host sync."""
+    largest = values.abs().amax()
+    power = torch.exp2(torch.floor(torch.log2(largest)))  # 0 when every value is 0
+    scale = torch.where(largest > 0, power, torch.ones_like(power))
+    return (values / scale).to(dtype), scale
+
+
 @dataclass
 class _HeadGrads:
     """Gradients of the head's inputs, accumulated chunk by chunk (float32 for the weight and bias)."""
@@ -102,14 +112,26 @@ class _HeadGrads:
         grad_scores.scatter_add_(-1, tokens[:, None], upstream[:, None])
         if self.bias is not None:
             self.bias += grad_scores.sum(0)
+        if self.hidden is None and self.weight is None:
+            return
         with torch.autocast(grad_scores.device.type, enabled=False):
-            grad_logits = grad_scores.to(spec.compute_dtype)  # [C, V] as the naive matmul's backward sees it
+            if spec.compute_dtype == torch.float32:
+                if self.hidden is not None:
+                    self.hidden[rows] += (grad_scores @ weight.float()).to(self.hidden.dtype)  # [C, H]
+                if self.weight is not None:
+                    self.weight.addmm_(grad_scores.T, hidden.float())  # [V, H] accumulated without a temporary
+                return
+            # The gradients of a response-averaged loss are tiny (~1 / (N |y|)): in float16 they would underflow
+            # before any loss scale reaches them. Scaled by powers of two to order 1 (exact in any float format),
+            # cast, multiplied and scaled back in float32, they keep the half format's relative precision.
+            grad_logits, grad_scale = _scaled_to(grad_scores, spec.compute_dtype)  # [C, V], []
             if self.hidden is not None:
-                self.hidden[rows] += (grad_logits @ weight.to(spec.compute_dtype)).to(self.hidden.dtype)  # [C, H]
-            if self.weight is not None and spec.compute_dtype == torch.float32:
-                self.weight.addmm_(grad_logits.T, hidden.float())  # [V, H] accumulated without a temporary
-            elif self.weight is not None:
-                self.weight += (grad_logits.T @ hidden.to(spec.compute_dtype)).float()  # [V, H]
+                part = (grad_logits @ weight.to(spec.compute_dtype)).float()  # [C, H]
+                self.hidden[rows] += (part * grad_scale).to(self.hidden.dtype)
+            if self.weight is not None:
+                # Both factors of order 1: the sum over the C rows stays within float16's range (C <= 16k).
+                hidden_half, hidden_scale = _scaled_to(hidden.float(), spec.compute_dtype)  # [C, H], []
+                self.weight += (grad_logits.T @ hidden_half).float() * (grad_scale * hidden_scale)  # [V, H]
 
     def scaled(self, scale: float, weight: Tensor, bias: Tensor | None) -> tuple[Tensor | None, ...]:
         """The gradients times ``scale``, in the dtypes of the tensors they belong to. Scales in place: no second
@@ -168,7 +190,7 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logprobs, _grad_entropy):
         weight, bias, predicted = ctx.saved_tensors[1], ctx.saved_tensors[2], ctx.saved_tensors[5]
         grad_logprobs = grad_logprobs.float()  # [N]
-        if predicted is None:
+        if predicted is None or ctx.grads is None:  # no prediction, or a second backward (retain_graph=True)
             return (*_recomputed_grads(ctx, grad_logprobs).scaled(1.0, weight, bias), None, None, None, None, None)
         scale, residual = _fit_scale(predicted, grad_logprobs)
         grads = ctx.grads.scaled(scale, weight, bias)
@@ -184,9 +206,22 @@ def _fit_scale(predicted: Tensor, actual: Tensor) -> tuple[float, Tensor | None]
     norm = predicted.dot(predicted)
     scale = float(actual.dot(predicted) / norm) if norm > 0 else 0.0
     residual = actual - scale * predicted  # [N]
-    if residual.abs().max() <= _PREDICTION_RTOL * actual.abs().max():
+    # A norm over the whole gradient: an extra loss term spread thinly over many tokens adds up, even where each
+    # element is far below the largest.
+    if residual.norm() <= _PREDICTION_RTOL * actual.norm():
         return scale, None
     return scale, residual
+
+
+def chunk_tokens(chunk_size: int, row_length: int) -> int:
+    """Tokens per chunk for responses of ``row_length`` tokens: the most whole responses that fit in
+    ``chunk_size`` (so a chunk's gradient can be predicted from its own responses), or ``chunk_size`` tokens when
+    one response is longer (memory stays bounded by ``chunk_size`` whatever the length; the gradient is then
+    recomputed in backward). A function of the shapes only: pi_old's pass and the training pass, with and
+    without a predictor, cut the same chunks, so their matmuls (and their rounding, on any device) are equal."""
+    if row_length <= chunk_size:
+        return (chunk_size // row_length) * row_length
+    return chunk_size
 
 
 def chunked_head_logprobs(
@@ -207,12 +242,13 @@ def chunked_head_logprobs(
         weight: [V, H] the LM head's weight.
         tokens: [...] the token each hidden state predicts.
         temperature: the sampling temperature the scores are for.
-        chunk_size: tokens whose [chunk_size, V] float32 scores exist at once; with ``predict_upstream``
-            rounded down to whole responses (at least one).
+        chunk_size: tokens whose [chunk_size, V] float32 scores exist at once; for hidden states [n, R, H]
+            rounded down to whole responses where one fits (see :func:`chunk_tokens`).
         bias: [V] the head's bias, if it has one.
         with_entropy: also return the entropy of each token's distribution (no gradient).
         predict_upstream: d loss / d logprobs of whole responses from their log-probs (see the module
-            docstring); backward then costs no matmul when the prediction holds.
+            docstring); backward then costs no matmul when the prediction holds. Ignored (the gradient is
+            recomputed in backward) when a response is longer than ``chunk_size``.
     Returns:
         logprobs: [...] float32, differentiable with respect to ``hidden``, ``weight`` and ``bias``.
         entropy: [...] float32, or None without ``with_entropy``.
@@ -221,11 +257,18 @@ def chunked_head_logprobs(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    row_length = tokens.shape[-1] if tokens.dim() > 0 else 1
-    if predict_upstream is not None:
-        if hidden.dim() != 3:
-            raise ValueError(f"predict_upstream needs hidden states [n, R, H], got {tuple(hidden.shape)}")
-        chunk_size = max(chunk_size // row_length, 1) * row_length
+    if predict_upstream is not None and hidden.dim() != 3:
+        raise ValueError(f"predict_upstream needs hidden states [n, R, H], got {tuple(hidden.shape)}")
+    row_length = tokens.shape[-1] if hidden.dim() == 3 else 1
+    chunk_size = chunk_tokens(chunk_size, row_length)
+    if predict_upstream is not None and chunk_size % row_length != 0:
+        # A response spans chunks: its gradient is only known after all of them, when their softmax is gone.
+        warnings.warn(
+            "responses are longer than model.logprob_chunk_size tokens: the LM head's gradient is recomputed in "
+            "backward for them (one more matmul; memory stays bounded by the chunk size)",
+            stacklevel=2,
+        )
+        predict_upstream = None
     if not torch.is_grad_enabled() or not (hidden.requires_grad or weight.requires_grad):
         predict_upstream = None  # no backward will come: nothing to prepare for it
     spec = _HeadSpec(temperature, chunk_size, _compute_dtype(hidden, weight))

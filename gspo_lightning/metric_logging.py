@@ -18,7 +18,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-SUMMED = frozenset({"num_empty", "reward_errors", "groups_skipped", "prompts_truncated", "prompts_skipped"})
+SUMMED = frozenset(
+    {"num_empty", "reward_errors", "groups_skipped", "prompts_truncated", "prompts_skipped", "nonfinite_loss"}
+)
 """Counts: the run's figure is the sum over ranks."""
 
 

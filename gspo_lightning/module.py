@@ -14,21 +14,22 @@ from contextlib import ExitStack
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from gspo_lightning.gradient_norm import clip_by_step_norm, clips_with_plain_norm
+from gspo_lightning.gradient_norm import clip_by_step_norm, clips_with_plain_norm, optimizer_parameters
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, response_scores
-from gspo_lightning.metric_logging import flush_step_metrics
+from gspo_lightning.metric_logging import flush_step_metrics, log_across_ranks
 from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
 from gspo_lightning.objectives import (
     KLRewardPenalty,
     ObjectiveSpec,
+    objective_gradient,
     objective_loss,
     resolve_objective,
     reward_kl_penalty,
 )
-from gspo_lightning.rollout.minibatches import objective_gradient
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
 from gspo_lightning.step_metrics import log_expert_change, log_step_metrics
 from gspo_lightning.strategies import is_fsdp1, shard_for_strategy
@@ -101,6 +102,7 @@ class GSPOModule(pl.LightningModule):
         # it is the frozen initial policy, rebuilt from the loader on resume, and may stay on the CPU.
         self._reference: list[nn.Module] = []
         self._replay = ExitStack()  # open from a replayed forward until after its backward
+        self._skip_update = False
 
     @property
     def reference_policy(self) -> nn.Module | None:
@@ -132,9 +134,12 @@ class GSPOModule(pl.LightningModule):
     def on_fit_start(self) -> None:
         self.policy.eval()
         if self.reference_policy is not None:
-            self.reference_policy.to("cpu" if self.hparams.reference_on_cpu else self.device)
+            # In the policy's precision: the precision plugin converts this module (bf16-true: its weights to
+            # bfloat16) but not the reference, which lives outside it; mixed precision leaves both in float32.
+            device = "cpu" if self.hparams.reference_on_cpu else self.device
+            self.reference_policy.to(device=device, dtype=self.dtype)
 
-    def training_step(self, batch: PromptBatch, batch_idx: int) -> Tensor | None:
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> Tensor:
         minibatch = batch.minibatch
         if minibatch is None:
             raise RuntimeError("training_step got no minibatch: add gspo_lightning.GroupSampler to the callbacks")
@@ -150,17 +155,36 @@ class GSPOModule(pl.LightningModule):
             self.eps_high,
             minibatch.ref_logprobs,
         )
-        if not torch.isfinite(loss):
-            self._replay.close()  # no backward will follow
-            # Returning no loss skips backward and the update; NonFiniteGuard counts the skipped step.
-            self.log("faults/nonfinite_loss", 1.0, batch_size=len(minibatch))
-            return None
+        finite = bool(torch.isfinite(loss))
+        self._skip_update = not self._on_every_rank(finite)
+        if self._skip_update:
+            # Every rank still runs backward (its collectives must match the others'); the gradients are then
+            # dropped on all of them in on_before_optimizer_step, so the replicas stay equal.
+            rank_zero_warn(f"step {self.global_step}: a non-finite loss on some rank: the update is skipped on all")
+        # Logged by every rank, so that every rank queues the same figures; summed: the ranks that had one.
+        log_across_ranks(self, {"faults/nonfinite_loss": float(not finite)}, len(minibatch))
         if scores.entropy is not None:
             stats["entropy"] = _mean_entropy(scores.entropy, minibatch)
         log_step_metrics(self, loss, stats, logprobs.detach(), minibatch, batch.minibatch_index, batch.num_minibatches)
         if expert_change is not None:
             log_expert_change(self, expert_change, len(minibatch), batch.minibatch_index, batch.num_minibatches)
         return loss
+
+    @property
+    def skips_update(self) -> bool:
+        """Whether this step's update is dropped on every rank (some rank's loss was NaN/inf)."""
+        return self._skip_update
+
+    def _on_every_rank(self, finite: bool) -> bool:
+        """One decision for all ranks: a rank that skipped alone would desynchronise the collectives (a hang)."""
+        if self._trainer is None:
+            return finite
+        return self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._skip_update:  # AdamW leaves a parameter without gradient (and its state) untouched
+            for parameter in optimizer_parameters(optimizer):
+                parameter.grad = None
 
     @property
     def logprob_chunk_size(self) -> int:
@@ -177,7 +201,15 @@ class GSPOModule(pl.LightningModule):
             self.hparams.temperature,
             self.logprob_chunk_size,
             with_entropy=self.hparams.log_entropy,
-            predict_upstream=objective_gradient(self.objective, minibatch, self.eps_low, self.eps_high),
+            predict_upstream=objective_gradient(
+                self.objective,
+                minibatch.old_logprobs,
+                minibatch.advantages,
+                minibatch.response_mask,
+                self.eps_low,
+                self.eps_high,
+                minibatch.ref_logprobs,
+            ),
         )
 
 

@@ -137,3 +137,24 @@ def test_chunked_training_step_has_the_materialised_gradients(monkeypatch, objec
 def test_logprob_chunk_size_is_validated():
     with pytest.raises(ValueError, match="model.logprob_chunk_size must be >= 0"):
         GSPOModule(TinyQwen3(**TINY), logprob_chunk_size=-1)
+
+
+def test_under_bf16_true_the_kl_reference_runs_in_the_policys_dtype(tmp_path):
+    import lightning.pytorch as pl
+
+    from gspo_lightning.data import ArithmeticTask, PromptDataModule
+    from tests.fault_helpers import length_reward
+
+    spec = ObjectiveSpec(ratio="sequence", kl_coef=0.1, kl_estimator="k3")
+    module = GSPOModule(TinyQwen3(**TINY), objective=spec)
+    data = PromptDataModule(ArithmeticTask(train_size=32, eval_size=4), "{question}=", prompts_per_rollout=2,
+                            minibatches_per_rollout=1)  # fmt: skip
+    sampler = GroupSampler(rewards=[length_reward], group_size=2, num_minibatches=1, max_new_tokens=4)
+    trainer = pl.Trainer(
+        max_steps=1, accelerator="cpu", precision="bf16-true", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[sampler],
+    )  # fmt: skip
+    trainer.fit(module, data)
+    assert {p.dtype for p in module.policy.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in module.reference_policy.parameters()} == {torch.bfloat16}
+    assert trainer.callback_metrics["train/kl"] == 0.0  # the same function of the same weights as the policy

@@ -53,7 +53,8 @@ from gspo_lightning.rollout.generation import (  # noqa: E402
     generate_responses,
     response_mask_until_eos,
 )
-from gspo_lightning.rollout.minibatches import objective_gradient, split_minibatches  # noqa: E402
+from gspo_lightning.objectives import objective_gradient  # noqa: E402
+from gspo_lightning.rollout.minibatches import split_minibatches  # noqa: E402
 from gspo_lightning.rollout.sampler import GroupSampler  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout  # noqa: E402
 
@@ -224,7 +225,9 @@ def train_step(run: BareRun, minibatch: Minibatch) -> torch.Tensor:
         minibatch.response_ids.shape[1],
         run.settings.temperature,
         run.chunk_size,
-        predict_upstream=objective_gradient(run.objective, minibatch, *run.eps),
+        predict_upstream=objective_gradient(
+            run.objective, minibatch.old_logprobs, minibatch.advantages, minibatch.response_mask, *run.eps
+        ),
     )
     loss, _ = objective_loss(
         run.objective,

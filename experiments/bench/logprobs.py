@@ -15,7 +15,11 @@ their gradients of the GSPO loss (paper clipping, pi_old slightly off pi_theta s
 Every measurement runs in a fresh subprocess. Peak memory is what the computation adds on top of its inputs:
 on CPU the peak resident set size (``VmHWM``, reset through ``/proc/self/clear_refs`` right before) minus the
 resident size before; on CUDA ``max_memory_allocated`` minus the allocated bytes before. Then two sweeps show
-how peak memory grows with the number of tokens and with the vocabulary.
+how peak memory grows with the number of tokens and with the vocabulary, and one long response (16,384 tokens)
+shows that the chunked path's memory is bounded by the chunk size whatever the response length (the naive path
+would need [16384, V] float32 tensors of 10 GB each there, and is not run).
+
+    python experiments/bench/logprobs.py --sections long             # the long response alone, ~3 minutes
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from gspo_lightning.chunked_logprobs import chunked_head_logprobs  # noqa: E402
 from gspo_lightning.objectives import objective_loss, resolve_objective  # noqa: E402
-from gspo_lightning.rollout.minibatches import objective_gradient  # noqa: E402
+from gspo_lightning.objectives import objective_gradient  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch  # noqa: E402
 
 MB = 2**20
@@ -108,7 +112,9 @@ def loss_of(settings: dict, hidden, weight, tokens, minibatch: Minibatch) -> tor
     if settings["path"] == "naive":
         logprobs = naive_logprobs(hidden, weight, tokens)  # [n, R]
     else:
-        predict = objective_gradient(spec, minibatch, *eps) if settings["path"] == "chunked" else None
+        predict = objective_gradient(
+            spec, minibatch.old_logprobs, minibatch.advantages, minibatch.response_mask, *eps
+        ) if settings["path"] == "chunked" else None
         logprobs = chunked_head_logprobs(
             hidden, weight, tokens, chunk_size=settings["chunk_size"], predict_upstream=predict
         )[0]  # [n, R]
@@ -176,6 +182,19 @@ def sweep(args: argparse.Namespace, label: str, points: list[tuple[int, int]]) -
         print(f"| {tokens} | {vocab} | {naive / MB:.0f} | {chunked / MB:.0f} | {chunked / naive:.1%} |")
 
 
+def long_response(args: argparse.Namespace) -> None:
+    tokens = args.long_tokens
+    print(f"\n## one response of {tokens} tokens, V={args.vocab}, H={args.hidden}, chunk_size={args.chunk_size}, "
+          f"{args.dtype}, forward + backward, 1 repetition\n")  # fmt: skip
+    long_args = argparse.Namespace(**{**vars(args), "responses": 1})
+    print("| path | seconds | peak memory (MB) | one [tokens, V] float32 tensor (MB) |")
+    print("| --- | --- | --- | --- |")
+    for path in ("chunked", "chunked_recompute"):
+        result = measure(path, tokens, args.vocab, long_args, 1)
+        print(f"| {path} | {result['seconds'][0]:.1f} | {result['peak_bytes'][0] / MB:.0f} | "
+              f"{tokens * args.vocab * 4 / MB:.0f} |")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -190,15 +209,23 @@ def main() -> int:
     parser.add_argument("--sweep-tokens", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--sweep-vocab", type=int, nargs="*", default=[32_768, 65_536, 151_936])
     parser.add_argument("--sweep-vocab-tokens", type=int, default=2048)
+    parser.add_argument("--long-tokens", type=int, default=16_384)
+    parser.add_argument("--sections", nargs="*", default=["headline", "tokens", "vocab", "long"],
+                        choices=["headline", "tokens", "vocab", "long"])  # fmt: skip
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, device {args.device}")  # fmt: skip
-    headline(args)
-    sweep(args, "the number of tokens N grows", [(n, args.vocab) for n in args.sweep_tokens])
-    sweep(args, "the vocabulary V grows", [(args.sweep_vocab_tokens, v) for v in args.sweep_vocab])
+    if "headline" in args.sections:
+        headline(args)
+    if "tokens" in args.sections:
+        sweep(args, "the number of tokens N grows", [(n, args.vocab) for n in args.sweep_tokens])
+    if "vocab" in args.sections:
+        sweep(args, "the vocabulary V grows", [(args.sweep_vocab_tokens, v) for v in args.sweep_vocab])
+    if "long" in args.sections:
+        long_response(args)
     return 0
 
 

@@ -17,9 +17,10 @@ from gspo_lightning.validation import require
 class NonFiniteGuard(Callback):
     """Skips optimizer steps whose gradient is not finite, counts them, and stops a run that keeps producing them.
 
-    A step is bad when ``training_step`` returned no loss (``GSPOModule`` does so for a non-finite loss) or when
-    any gradient is NaN/inf: then every gradient is dropped before the optimizer sees it (AdamW leaves a
-    parameter without gradient untouched), on all ranks alike. ``faults/skipped_steps`` and
+    A step is bad when ``training_step`` returned no loss, when the LightningModule says it skips the update
+    (``GSPOModule.skips_update``: some rank's loss was NaN/inf, decided on every rank alike) or when any gradient
+    is NaN/inf: then every gradient is dropped before the optimizer sees it (AdamW leaves a parameter without
+    gradient untouched), on all ranks alike. ``faults/skipped_steps`` and
     ``faults/consecutive_bad_steps`` are logged. After ``max_consecutive_bad_steps`` bad steps in a row the run
     saves ``nonfinite-stop.ckpt`` and stops with an error.
 
@@ -53,7 +54,7 @@ class NonFiniteGuard(Callback):
     ) -> None:
         # Lightning hands on {"loss": None} (or nothing) when training_step returned no loss.
         no_loss = outputs is None or (isinstance(outputs, dict) and outputs.get("loss") is None)
-        bad = no_loss or self._gradient_dropped
+        bad = no_loss or self._gradient_dropped or bool(getattr(pl_module, "skips_update", False))
         self._gradient_dropped = False
         self.skipped_steps += int(bad)
         self.consecutive_bad_steps = self.consecutive_bad_steps + 1 if bad else 0

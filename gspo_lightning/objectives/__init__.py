@@ -6,6 +6,7 @@ from __future__ import annotations
 from gspo_lightning.objectives.advantages import ADVANTAGE_SCALES, AdvantageScale, group_advantages
 from gspo_lightning.objectives.aggregation import aggregate_constant, aggregate_sequence_mean, aggregate_token_mean
 from gspo_lightning.objectives.clipping import MAX_EXP_LOG_RATIO, exp_with_linear_tail
+from gspo_lightning.objectives.gradient import objective_gradient
 from gspo_lightning.objectives.grpo import dr_grpo_loss, grpo_loss, grpo_token_mean_loss, grpo_token_objective
 from gspo_lightning.objectives.gspo import gspo_loss, sequence_log_ratio
 from gspo_lightning.objectives.gspo_token import gspo_token_log_ratio, gspo_token_loss, per_token_advantages
@@ -54,6 +55,7 @@ __all__ = [
     "k3_from_log_ratio",
     "kl_penalty",
     "kl_reward_penalty",
+    "objective_gradient",
     "objective_loss",
     "per_token_advantages",
     "resolve_objective",

@@ -10,10 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from gspo_lightning.chunked_logprobs import UpstreamPredictor
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, response_logprobs
 from gspo_lightning.moe.routing import capture_routes
-from gspo_lightning.objectives import ObjectiveSpec, objective_loss
 from gspo_lightning.rollout.types import Minibatch, Rollout
 
 
@@ -107,25 +105,3 @@ def _reference_logprobs(
         reference, input_ids.to(device), attention_mask.to(device), response_length, temperature, chunk_size
     )  # [n, R]
     return logprobs.float().to(input_ids.device)
-
-
-def objective_gradient(spec: ObjectiveSpec, minibatch: Minibatch, eps_low: float, eps_high: float) -> UpstreamPredictor:
-    """d loss / d logprobs of some of ``minibatch``'s responses from their log-probs alone, for the chunked LM
-    head (:mod:`gspo_lightning.chunked_logprobs`), which then prepares its gradients during forward.
-
-    Every objective of :func:`objective_loss` is a sum over responses with normalisers fixed by the masks, so
-    the other responses' values do not change these rows' gradient: pi_old's stand in for them.
-    """
-    old = minibatch.old_logprobs  # [n, R]
-
-    def predict(logprobs: Tensor, rows: slice) -> Tensor:  # [k, R] -> [k, R]
-        with torch.enable_grad():
-            chunk = logprobs.detach().requires_grad_()
-            full = torch.cat([old[: rows.start], chunk, old[rows.stop :]])  # [n, R]
-            loss, _ = objective_loss(
-                spec, full, old, minibatch.advantages, minibatch.response_mask, eps_low, eps_high,
-                minibatch.ref_logprobs,
-            )  # fmt: skip
-            return torch.autograd.grad(loss, chunk)[0]
-
-    return predict

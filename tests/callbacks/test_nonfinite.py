@@ -62,9 +62,16 @@ def _fit(tmp_path, callbacks, batches):
 def test_bad_steps_are_skipped_and_counted(tmp_path):
     guard, watcher = NonFiniteGuard(max_consecutive_bad_steps=3), WeightWatcher()
     _fit(tmp_path, [Poison(loss_steps={1}, gradient_steps={3}), guard, watcher], batches=6)
-    # Step 1: NaN loss (training_step returns None); step 3: NaN gradient. Neither moves a weight.
+    # Step 1: NaN loss (the module skips the update); step 3: NaN gradient. Neither moves a weight.
     assert watcher.changed == [True, False, True, False, True, True]
     assert guard.skipped_steps == 2 and guard.consecutive_bad_steps == 0
+
+
+def test_the_module_skips_a_nonfinite_loss_step_without_the_guard(tmp_path):
+    watcher = WeightWatcher()
+    trainer = _fit(tmp_path, [Poison(loss_steps={1}), watcher], batches=3)
+    assert watcher.changed == [True, False, True]
+    assert trainer.callback_metrics["faults/nonfinite_loss"] == 0.0  # the last step's figure
 
 
 def test_too_many_consecutive_bad_steps_stop_with_a_checkpoint(tmp_path):

@@ -114,3 +114,20 @@ def test_lora_trains_and_exports_its_adapter_under_fsdp(tmp_path, strategy):
     adapted = peft.PeftModel.from_pretrained(loader.load_model(loader.load_tokenizer()), export)
     trained = [p for n, p in adapted.named_parameters() if "lora_B" in n]
     assert trained and any(p.abs().max() > 0 for p in trained)  # lora_B starts at 0: the adapter learned
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "fsdp1"])
+def test_a_nan_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path, strategy):
+    """Only rank 1's minibatch gives a NaN loss at step 1: both ranks skip it together (no hang, no divergence)."""
+    import json
+
+    script = SCRIPT.with_name("nonfinite_rank.py")
+    command = [sys.executable, str(script), "--strategy", strategy, "--out", str(tmp_path / "sums")]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"sums.rank{r}.json").read_text())["sums"] for r in (0, 1)]
+    for sums in ranks if strategy == "ddp" else ranks[:1]:  # sharded: rank 0 holds the gathered weights
+        assert len(sums) == 3 and sums[1] == sums[0] and sums[2] != sums[1]  # step 1 skipped, step 2 trained
+    if strategy == "ddp":
+        assert ranks[0] == ranks[1]  # the replicas stayed equal
