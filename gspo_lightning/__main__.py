@@ -1,4 +1,4 @@
-from gspo_lightning.cli import main
+from gspo_lightning.cli import command_line
 
 if __name__ == "__main__":
-    main()
+    command_line()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import os
+import sys
 import time
 
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -13,6 +16,25 @@ from gspo_lightning.data import PromptDataModule
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
 from gspo_lightning.rollout.minibatches import check_divisible
+from gspo_lightning.rollout.sampler_checks import check_routing_replay, validate_robustness, validate_sampling_settings
+
+_UNION_ERROR = "Does not validate against any of the Union subtypes"
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work, found while the config is read and its objects built; one line of message."""
+
+
+def one_line(error: Exception) -> str:
+    """The message that names the setting: jsonargparse wraps a class's own error in a many-line report of
+    every union member it tried (the class and None); the class's error is the line worth reading."""
+    message = str(error)
+    if _UNION_ERROR in message:
+        reasons = [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
+        reasons = [reason for reason in reasons if not reason.startswith("Expected a <class 'NoneType'>")]
+        if reasons:
+            return "; ".join(reasons)
+    return message.strip().splitlines()[0] if message.strip() else type(error).__name__
 
 
 class GSPOCLI(LightningCLI):
@@ -31,12 +53,39 @@ class GSPOCLI(LightningCLI):
         parser.link_arguments("sampler.max_new_tokens", "model.init_args.max_new_tokens")
         parser.link_arguments("sampler.prompt_overflow", "evaluation.prompt_overflow")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        # Kept before LightningCLI merges a checkpoint's hyper-parameters over the command line (--ckpt_path):
+        # the command line must win, and GSPOModule.on_load_checkpoint refuses what cannot change.
+        self._command_line_config = copy.deepcopy(self.config)
+
     def before_instantiate_classes(self) -> None:
-        """Reject a K that does not divide P x G before anything is built."""
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        prompts = getattr(getattr(config.get("data"), "init_args", None), "prompts_per_rollout", None)
-        if prompts is not None:
-            check_divisible(prompts * config.sampler.group_size, config.sampler.num_minibatches)
+        """Checks of linked and combined settings before anything is built, each naming the setting as written."""
+        try:
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            if self.subcommand and config.get("ckpt_path"):
+                config.model = self._command_line_config[self.subcommand].model
+            sampler = config.sampler
+            validate_sampling_settings(
+                sampler.group_size, sampler.num_minibatches, sampler.max_new_tokens, sampler.temperature,
+                sampler.top_p, sampler.top_k,
+            )  # fmt: skip
+            validate_robustness(
+                sampler.reward_timeout_s, sampler.reward_isolation, sampler.reward_errors, sampler.prompt_overflow
+            )
+            model = getattr(config.get("model"), "init_args", None)
+            check_routing_replay(bool(getattr(model, "routing_replay", False)), sampler.old_logprobs)
+            prompts = getattr(getattr(config.get("data"), "init_args", None), "prompts_per_rollout", None)
+            if prompts is not None:
+                check_divisible(prompts * sampler.group_size, sampler.num_minibatches)
+        except ValueError as error:
+            raise ConfigError(one_line(error)) from error
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            raise ConfigError(one_line(error)) from error
 
     def before_fit(self) -> None:
         self._fit_started = time.perf_counter()
@@ -66,6 +115,17 @@ class GSPOCLI(LightningCLI):
         if export.exported_to:
             lines.append(f"exported policy (from_pretrained): {export.exported_to}")
         return "\n".join(lines)
+
+
+def command_line() -> None:
+    """``python -m gspo_lightning`` and ``gspo-lightning``: a bad setting ends the run with one line naming it
+    (``GSPO_LIGHTNING_TRACEBACK=1`` shows the traceback too); errors once training runs keep theirs."""
+    try:
+        main()
+    except ConfigError as error:
+        if os.environ.get("GSPO_LIGHTNING_TRACEBACK"):
+            raise
+        sys.exit(f"error: {error}")
 
 
 def main(args: list[str] | None = None, run: bool = True) -> GSPOCLI:

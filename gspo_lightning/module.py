@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import warnings
+from dataclasses import replace
 from contextlib import ExitStack
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -38,6 +40,10 @@ from gspo_lightning.validation import require
 # The policy stays in eval mode on purpose (see configure_model); Lightning's notice about it is noise here.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
+RESUME_FIXED = {"policy": "model.policy", "objective": "model.objective", "temperature": "sampler.temperature"}
+"""Module settings a resumed run cannot change (the saved round's pi_old and advantages depend on them), by the
+name a user sets them under (the temperature is the sampler's, linked to the module's)."""
+
 PAPER_CLIP_RANGES = {"sequence": (3e-4, 4e-4), "sequence_token": (3e-4, 4e-4), "token": (0.2, 0.27)}
 """(eps_low, eps_high) of the paper's section 5.1, by ratio level: GSPO's sequence ratio, GRPO's token ratio."""
 
@@ -63,7 +69,8 @@ class GSPOModule(pl.LightningModule):
         logprob_chunk_size: response tokens per chunk of the LM head when computing log-probs, so the
             [n, R, V] float32 logits never exist; 0 materialises them (the naive path, more memory). pi_old's
             log-probs are computed the same way.
-        max_new_tokens: longest response, for the length buckets of the clip diagnostics; linked from the sampler.
+        max_new_tokens: longest response (linked from the sampler): Dr. GRPO's constant normaliser when the
+            objective leaves ``max_tokens`` unset, and the length buckets of the clip diagnostics.
         routing_replay: mixture-of-experts policies only: force the experts pi_old activated for each token in
             pi_theta's forward (GSPO section 4.3), the router still receiving gradient through the forced
             experts' weights. Without it, ``moe/expert_change_frac`` reports how much routing moved.
@@ -86,7 +93,7 @@ class GSPOModule(pl.LightningModule):
         logprob_chunk_size: int = DEFAULT_CHUNK_SIZE,
     ) -> None:
         super().__init__()
-        self.objective = _resolve(objective)
+        self.objective = _with_token_budget(_resolve(objective), max_new_tokens)
         default_low, default_high = PAPER_CLIP_RANGES[self.objective.ratio]
         self.eps_low = default_low if eps_low is None else eps_low
         self.eps_high = default_high if eps_high is None else eps_high
@@ -103,6 +110,7 @@ class GSPOModule(pl.LightningModule):
         self._reference: list[nn.Module] = []
         self._replay = ExitStack()  # open from a replayed forward until after its backward
         self._skip_update = False
+        self._checkpoint_hparams: dict[str, Any] | None = None  # set by on_load_checkpoint, used once
 
     @property
     def reference_policy(self) -> nn.Module | None:
@@ -171,6 +179,21 @@ class GSPOModule(pl.LightningModule):
         return loss
 
     @property
+    def temperature(self) -> float:
+        """The temperature of every log-prob this module computes: the sampler's (checked at fit start)."""
+        return self.hparams.temperature
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The sampler's response budget (checked at fit start): Dr. GRPO's constant and the length buckets."""
+        return self.hparams.max_new_tokens
+
+    @property
+    def routing_replay(self) -> bool:
+        """Whether pi_theta's forward replays pi_old's experts (``model.routing_replay``)."""
+        return self.hparams.routing_replay
+
+    @property
     def skips_update(self) -> bool:
         """Whether this step's update is dropped on every rank (some rank's loss was NaN/inf)."""
         return self._skip_update
@@ -217,7 +240,7 @@ class GSPOModule(pl.LightningModule):
         """pi_theta's response log-probs, with pi_old's experts forced under Routing Replay; for MoE policies
         also the per-layer fraction of experts pi_theta's routers choose that pi_old's did not."""
         if minibatch.old_routes is None:
-            if self.hparams.routing_replay:
+            if self.hparams.routing_replay:  # GroupSampler refuses this at setup; another sampler may not
                 raise RuntimeError(
                     "model.routing_replay=true but the minibatch carries no recorded experts: they are recorded "
                     "by the old-policy forward, so set sampler.old_logprobs: recompute"
@@ -244,6 +267,38 @@ class GSPOModule(pl.LightningModule):
         if self._trainer is not None:  # after every callback's on_train_batch_end: the step's figures are in
             flush_step_metrics(self._trainer)
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a resume that changes a fixed setting (``RESUME_FIXED``); remember the checkpoint's optimizer
+        settings so that changed ones take effect (:meth:`on_train_start`)."""
+        saved = checkpoint.get("hyper_parameters", {})
+        changed = [
+            f"{label} (checkpoint {saved[key]!r}, now {self.hparams[key]!r})"
+            for key, label in RESUME_FIXED.items()
+            if key in saved and _settings(saved[key]) != _settings(self.hparams[key])
+        ]
+        if changed:
+            raise ValueError(f"cannot resume with a changed {'; '.join(changed)}: start a new run to change it")
+        self._checkpoint_hparams = dict(saved)
+
+    def on_train_start(self) -> None:
+        # Lightning restores the optimizer's and scheduler's state with the checkpoint's learning rate and weight
+        # decay: the configured ones win, the schedule's position (its factor at this step) is kept.
+        saved = self._checkpoint_hparams
+        if not saved or self._trainer is None:
+            return
+        ratio = self.hparams.lr / saved.get("lr", self.hparams.lr)
+        new_decay = saved.get("weight_decay", self.hparams.weight_decay) != self.hparams.weight_decay
+        for optimizer in self.trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] *= ratio
+                if "initial_lr" in group:
+                    group["initial_lr"] *= ratio
+                if new_decay:
+                    group["weight_decay"] = self.hparams.weight_decay
+        for config in self.trainer.lr_scheduler_configs:
+            config.scheduler.base_lrs = [base * ratio for base in config.scheduler.base_lrs]
+        self._checkpoint_hparams = None
+
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
     ) -> None:
@@ -269,9 +324,30 @@ class GSPOModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+def _settings(value: Any) -> Any:
+    """A comparable form of a setting: plain values as they are, objects (a policy loader, a spec) by their type
+    and public attributes, so that equal settings compare equal across processes."""
+    if isinstance(value, dict):
+        return {key: _settings(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_settings(item) for item in value]
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        public = {key: _settings(item) for key, item in vars(value).items() if not key.startswith("_")}
+        return (type(value).__qualname__, public)
+    return value
+
+
 def _mean_entropy(entropy: Tensor, minibatch: Minibatch) -> Tensor:
     mask = minibatch.response_mask.bool()  # [n, R]
     return torch.where(mask, entropy, torch.zeros_like(entropy)).sum() / mask.sum().clamp(min=1)
+
+
+def _with_token_budget(spec: ObjectiveSpec, max_new_tokens: int) -> ObjectiveSpec:
+    """Dr. GRPO's constant normaliser defaults to the generation budget, not each minibatch's longest response,
+    so that a response's weight does not depend on what it is batched with."""
+    if spec.aggregation == "constant" and spec.max_tokens is None:
+        return replace(spec, max_tokens=max_new_tokens)
+    return spec
 
 
 def _resolve(objective: str | ObjectiveSpec) -> ObjectiveSpec:

@@ -105,7 +105,7 @@ def _fit(tmp_path, monkeypatch, shared: bool) -> tuple[GSPOModule, list[int]]:
         monkeypatch.setattr(module_file, "clips_with_plain_norm", lambda trainer, optimizer: False)
     calls = _counting(monkeypatch)
     pl.seed_everything(0)
-    module = GSPOModule(TinyQwen3(**TINY), lr=1e-3)
+    module = GSPOModule(TinyQwen3(**TINY), lr=1e-3, max_new_tokens=4)
     data = PromptDataModule(
         ArithmeticTask(train_size=64, eval_size=8), "{question}=", prompts_per_rollout=2, minibatches_per_rollout=2
     )

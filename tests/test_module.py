@@ -90,6 +90,13 @@ def test_a_kl_reward_penalty_builds_the_reference_and_leaves_the_loss_alone():
     assert logged["train/kl"] == 0.0 and GSPOModule(TinyQwen3(**TINY)).kl_reward_penalty is None
 
 
+def test_dr_grpo_normalises_by_the_generation_budget_unless_told_otherwise():
+    assert GSPOModule(TinyQwen3(**TINY), objective="dr_grpo", max_new_tokens=32).objective.max_tokens == 32
+    spec = ObjectiveSpec(ratio="token", aggregation="constant", max_tokens=7)
+    assert GSPOModule(TinyQwen3(**TINY), objective=spec, max_new_tokens=32).objective.max_tokens == 7
+    assert GSPOModule(TinyQwen3(**TINY), objective="grpo").objective.max_tokens is None
+
+
 def test_training_step_without_sampler_says_what_is_missing():
     module = GSPOModule(TinyQwen3(**TINY))
     with pytest.raises(RuntimeError, match="add gspo_lightning.GroupSampler"):
@@ -146,7 +153,7 @@ def test_under_bf16_true_the_kl_reference_runs_in_the_policys_dtype(tmp_path):
     from tests.fault_helpers import length_reward
 
     spec = ObjectiveSpec(ratio="sequence", kl_coef=0.1, kl_estimator="k3")
-    module = GSPOModule(TinyQwen3(**TINY), objective=spec)
+    module = GSPOModule(TinyQwen3(**TINY), objective=spec, max_new_tokens=4)
     data = PromptDataModule(ArithmeticTask(train_size=32, eval_size=4), "{question}=", prompts_per_rollout=2,
                             minibatches_per_rollout=1)  # fmt: skip
     sampler = GroupSampler(rewards=[length_reward], group_size=2, num_minibatches=1, max_new_tokens=4)

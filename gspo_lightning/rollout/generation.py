@@ -85,7 +85,10 @@ def neutral_generation_defaults(policy: nn.Module) -> Iterator[None]:
     """
     get_base_model = getattr(policy, "get_base_model", None)  # a peft wrapper generates with its base model
     model = get_base_model() if callable(get_base_model) else policy
-    saved = model.generation_config
+    saved = getattr(model, "generation_config", None)
+    if saved is None:  # not a transformers model: nothing to inherit from
+        yield
+        return
     model.generation_config = GenerationConfig()
     try:
         yield

@@ -7,7 +7,9 @@ Contract with the LightningModule (ours or anyone's):
 - its dataloader yields ``PromptBatch`` objects, each rollout round served K times in a row with
   ``minibatch_index`` 0..K-1 (``PromptDataModule`` does this);
 - its ``training_step`` reads ``batch.minibatch`` (a ``Minibatch``) and computes its loss from it, with
-  ``gspo_lightning.logprobs.response_logprobs`` at the same temperature as the sampler.
+  ``gspo_lightning.logprobs.response_logprobs`` at the same temperature as the sampler: it exposes that
+  ``temperature`` (checked equal at fit start; a mismatch makes even the first minibatch off-policy), and
+  optionally ``max_new_tokens`` (checked equal too, e.g. Dr. GRPO's constant normaliser depends on it).
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ from gspo_lightning.rollout.sampler_checks import (
     OldLogprobSource,
     SamplingDtype,
     check_chat_template,
+    check_module_agrees,
     check_rollout_shape,
+    check_routing_replay,
     sampling_precision,
     validate_old_logprobs,
     validate_robustness,
@@ -168,6 +172,7 @@ class GroupSampler(Callback):
             return
         check_rollout_shape(trainer.datamodule, self.group_size, self.num_minibatches)
         check_chat_template(trainer.datamodule, getattr(pl_module, "tokenizer", None))
+        check_routing_replay(bool(getattr(pl_module, "routing_replay", False)), self.old_logprobs)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for attribute in ("policy", "tokenizer"):
@@ -176,6 +181,7 @@ class GroupSampler(Callback):
                     f"GroupSampler needs the LightningModule to expose `{attribute}` (see the sampler's contract)"
                 )
         check_chat_template(trainer.datamodule, pl_module.tokenizer)  # a tokenizer built in configure_model
+        check_module_agrees(pl_module, self.settings.temperature, self.settings.max_new_tokens)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.reward_runner.close()
@@ -326,9 +332,18 @@ class GroupSampler(Callback):
             "stats": self._stats,
             "rng": rng_states(),
         }
-        return {"per_rank": gather_per_rank(local)}
+        return {"per_rank": gather_per_rank(local), "settings": self._fixed_settings()}
+
+    def _fixed_settings(self) -> dict[str, int]:
+        """What a resumed run cannot change: the saved round, its advantages and the data position depend on it."""
+        return {"sampler.group_size": self.group_size, "sampler.num_minibatches": self.num_minibatches}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = state_dict.get("settings", {})  # absent in checkpoints from before they were recorded
+        changed = [f"{name} (checkpoint {saved[name]}, now {value})" for name, value in self._fixed_settings().items()
+                   if name in saved and saved[name] != value]  # fmt: skip
+        if changed:
+            raise ValueError(f"cannot resume with a changed {', '.join(changed)}: start a new run to change it")
         local = select_rank(state_dict["per_rank"], "GroupSampler")
         self._rollout_index = local["rollout_index"]
         self._minibatches = [Minibatch(**fields) for fields in local["minibatches"]]

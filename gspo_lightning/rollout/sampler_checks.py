@@ -31,6 +31,14 @@ def validate_sampling(
         reward_weights is None or len(reward_weights) == len(rewards),
         f"sampler.reward_weights has {len(reward_weights or [])} values for {len(rewards)} rewards",
     )
+    validate_sampling_settings(group_size, num_minibatches, max_new_tokens, temperature, top_p, top_k)
+
+
+def validate_sampling_settings(
+    group_size: int, num_minibatches: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int
+) -> None:
+    """The sampler's numbers, some of them linked to the module's and the data module's settings: the CLI checks
+    them before anything is built, so that an error names the setting the user wrote."""
     require(group_size >= 2, f"sampler.group_size must be >= 2 (advantages compare a group), got {group_size}")
     require(num_minibatches >= 1, f"sampler.num_minibatches must be >= 1, got {num_minibatches}")
     require(max_new_tokens >= 1, f"sampler.max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -41,6 +49,15 @@ def validate_sampling(
     untruncated += "vocabulary, so truncated sampling would bias the gradient (evaluation.top_p/top_k may truncate)"
     require(top_p == 1, f"sampler.top_p must be 1.0 (no nucleus truncation), got {top_p}: {untruncated}")
     require(top_k == 0, f"sampler.top_k must be 0 (no top-k truncation), got {top_k}: {untruncated}")
+
+
+def check_routing_replay(routing_replay: bool, old_logprobs: str) -> None:
+    """Routing Replay replays the experts pi_old's forward recorded; the sampler's own log-probs come without."""
+    require(
+        not routing_replay or old_logprobs == "recompute",
+        f"model.routing_replay=true needs sampler.old_logprobs: recompute (the experts to replay are recorded by "
+        f"the old-policy forward), got sampler.old_logprobs: {old_logprobs!r}",
+    )
 
 
 def validate_robustness(
@@ -91,6 +108,28 @@ def check_chat_template(datamodule: Any, tokenizer: Any) -> None:
             "into data.init_args.prompt_template), or use a policy whose tokenizer defines a chat template "
             "(an instruct/chat checkpoint)"
         )
+
+
+def check_module_agrees(module: Any, temperature: float, max_new_tokens: int) -> None:
+    """The module's log-probs are those of the distribution sampled: the same temperature (a different one gives
+    ratios != 1 and clipping on a round's first minibatch, e.g. 0.986 and 57%), and the same response budget."""
+    if getattr(module, "temperature", None) is None:
+        raise AttributeError(
+            "GroupSampler needs the LightningModule to expose `temperature`, the temperature of its log-probs "
+            f"(see the sampler's contract), so it can be checked against sampler.temperature={temperature}"
+        )
+    require(
+        module.temperature == temperature,
+        f"sampler.temperature={temperature} but the module computes log-probs at temperature={module.temperature} "
+        "(model.temperature): they must be equal, or pi_old and pi_theta describe another distribution than the "
+        "one sampled (the CLI links them)",
+    )
+    budget = getattr(module, "max_new_tokens", None)
+    require(
+        budget is None or budget == max_new_tokens,
+        f"sampler.max_new_tokens={max_new_tokens} but the module has max_new_tokens={budget} (model.max_new_tokens): "
+        "they must be equal (the CLI links them)",
+    )
 
 
 OldLogprobSource = Literal["recompute", "sampler"]

@@ -16,7 +16,7 @@ from tests.conftest import TINY
 
 @pytest.fixture(scope="module")
 def module():
-    module = GSPOModule(TinyQwen3(**TINY))
+    module = GSPOModule(TinyQwen3(**TINY), max_new_tokens=5)
     module.configure_model()
     return module
 

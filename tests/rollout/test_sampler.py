@@ -14,7 +14,10 @@ from gspo_lightning.rollout.generation import encode_prompts
 
 
 class ReinforceModule(pl.LightningModule):
-    """Someone else's module: plain REINFORCE with the group baseline, exposing `policy` and `tokenizer`."""
+    """Someone else's module: plain REINFORCE with the group baseline, exposing `policy`, `tokenizer` and the
+    `temperature` of its log-probs."""
+
+    temperature = 1.0
 
     def __init__(self, policy, tokenizer):
         super().__init__()
@@ -155,3 +158,14 @@ def test_a_kl_reward_penalty_is_subtracted_before_the_advantages(policy, tokeniz
     torch.testing.assert_close(torch.cat([mb.advantages for mb in mbs]), expected, rtol=1e-5, atol=1e-6)
     assert kl.abs().max() > 1e-3  # the penalty did change the advantages
     torch.testing.assert_close(module.trainer.callback_metrics["rollout/kl_penalty_mean"], kl.mean())
+
+
+def test_a_module_at_another_temperature_is_refused_at_fit_start(policy, tokenizer):
+    module = ReinforceModule(policy, tokenizer)
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=1, max_new_tokens=3, temperature=0.7)
+    loader = DataLoader(_prompt_batches(1, 1), batch_size=None, collate_fn=lambda b: b)
+    with pytest.raises(ValueError, match=r"sampler.temperature=0.7 but the module computes log-probs at temperature=1.0"):
+        _trainer(sampler, 1).fit(module, loader)
+    module.temperature = None
+    with pytest.raises(AttributeError, match="expose `temperature`"):
+        _trainer(GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=1), 1).fit(module, loader)
