@@ -71,6 +71,10 @@ class GSPOModule(pl.LightningModule):
             log-probs are computed the same way.
         max_new_tokens: longest response (linked from the sampler): Dr. GRPO's constant normaliser when the
             objective leaves ``max_tokens`` unset, and the length buckets of the clip diagnostics.
+        activation_checkpointing: recompute each decoder layer's activations in backward instead of keeping them
+            (less memory, about one more forward of compute), on every strategy (single device, DDP, FSDP1 through
+            ``DecoderLayerFSDP``, FSDP2). The policy stays in eval mode (dropout off): a policy whose loader
+            enabled Hugging Face's gradient checkpointing, which does nothing in eval mode, gets this instead.
         routing_replay: mixture-of-experts policies only: force the experts pi_old activated for each token in
             pi_theta's forward (GSPO section 4.3), the router still receiving gradient through the forced
             experts' weights. Without it, ``moe/expert_change_frac`` reports how much routing moved.
@@ -91,6 +95,7 @@ class GSPOModule(pl.LightningModule):
         max_new_tokens: int = 256,
         routing_replay: bool = False,
         logprob_chunk_size: int = DEFAULT_CHUNK_SIZE,
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         self.objective = _with_token_budget(_resolve(objective), max_new_tokens)
@@ -129,6 +134,7 @@ class GSPOModule(pl.LightningModule):
         # Eval mode for good: dropout off, so pi_old and pi_theta are the same deterministic function of the
         # weights and the first minibatch of every round is exactly on-policy (ratio 1).
         self.policy = self.policy_loader.load_model(self.tokenizer).eval()
+        checkpointing = self.hparams.activation_checkpointing or _hands_over_hf_checkpointing(self.policy)
         if self.objective.kl_coef > 0:  # copied before sharding: every rank holds the whole frozen reference
             self._reference = [copy.deepcopy(self.policy).requires_grad_(False).eval()]
         if self.hparams.routing_replay and not find_routers(self.policy):
@@ -136,8 +142,9 @@ class GSPOModule(pl.LightningModule):
                 f"model.routing_replay=true needs a mixture-of-experts policy, but {type(self.policy).__name__} "
                 "has no top-k router; set routing_replay: false"
             )
-        if self._trainer is not None:  # FSDP2 shards here; FSDP1 wraps afterwards; DDP replicates
-            shard_for_strategy(self.policy, self.trainer.strategy, self.device_mesh)
+        # FSDP2 shards here; FSDP1 wraps afterwards; DDP and a single device replicate
+        strategy = self.trainer.strategy if self._trainer is not None else None
+        shard_for_strategy(self.policy, strategy, self.device_mesh, checkpointing)
 
     def on_fit_start(self) -> None:
         self.policy.eval()
@@ -340,6 +347,20 @@ def _settings(value: Any) -> Any:
 def _mean_entropy(entropy: Tensor, minibatch: Minibatch) -> Tensor:
     mask = minibatch.response_mask.bool()  # [n, R]
     return torch.where(mask, entropy, torch.zeros_like(entropy)).sum() / mask.sum().clamp(min=1)
+
+
+def _hands_over_hf_checkpointing(policy: nn.Module) -> bool:
+    """Whether the loaded policy has Hugging Face's gradient checkpointing on, which only acts in training mode:
+    it is switched off, and the module's own (``activation_checkpointing``) used instead."""
+    if not getattr(policy, "is_gradient_checkpointing", False):
+        return False
+    disable = getattr(policy, "activation_checkpointing_disable", None) or policy.gradient_checkpointing_disable
+    disable()
+    rank_zero_warn(
+        "the policy came with Hugging Face gradient checkpointing enabled, which does nothing in eval mode (where "
+        "the policy stays, so that dropout is off): using model.activation_checkpointing instead"
+    )
+    return True
 
 
 def _with_token_budget(spec: ObjectiveSpec, max_new_tokens: int) -> ObjectiveSpec:

@@ -178,16 +178,35 @@ class DecoderLayerFSDP2(ModelParallelStrategy):
         super().setup_environment()
 
 
-def shard_for_strategy(policy: nn.Module, strategy: Any, device_mesh: Any) -> nn.Module:
-    """Shard ``policy`` as ``strategy`` needs inside ``configure_model`` (only FSDP2 shards there)."""
-    if not isinstance(strategy, ModelParallelStrategy):
-        return policy  # DDP and single device replicate; FSDP1 wraps after configure_model
-    return shard_policy(
-        policy,
-        device_mesh["data_parallel"],
-        reshard_after_forward=getattr(strategy, "reshard_after_forward", True),
-        activation_checkpointing=getattr(strategy, "activation_checkpointing", False),
-    )
+def shard_for_strategy(
+    policy: nn.Module, strategy: Any, device_mesh: Any, activation_checkpointing: bool = False
+) -> nn.Module:
+    """Shard ``policy`` as ``strategy`` needs inside ``configure_model`` (only FSDP2 shards there), with
+    activation checkpointing of its decoder layers when asked for here or by the strategy.
+
+    Checkpointing wraps each decoder layer in torch's non-reentrant ``checkpoint_wrapper``, which recomputes in
+    any mode: Hugging Face's own gradient checkpointing only acts in training mode, and the policy stays in eval
+    mode (dropout off). Under FSDP1 the strategy applies the same wrapper after wrapping its units.
+    """
+    if isinstance(strategy, ModelParallelStrategy):
+        return shard_policy(
+            policy,
+            device_mesh["data_parallel"],
+            reshard_after_forward=getattr(strategy, "reshard_after_forward", True),
+            activation_checkpointing=activation_checkpointing or getattr(strategy, "activation_checkpointing", False),
+        )
+    if activation_checkpointing and isinstance(strategy, DecoderLayerFSDP):
+        strategy.activation_checkpointing = True  # applied when it wraps the model, after configure_model
+    elif activation_checkpointing and isinstance(strategy, FSDPStrategy):
+        raise ValueError(
+            "model.activation_checkpointing=true under a plain FSDPStrategy: use gspo_lightning.DecoderLayerFSDP "
+            "(which applies it to the decoder layers) or FSDPStrategy(activation_checkpointing_policy=...)"
+        )
+    elif activation_checkpointing:  # single device, DDP: the same wrapper, applied here
+        apply_activation_checkpointing(
+            policy, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=_is_decoder_layer(decoder_layer_classes(policy))
+        )
+    return policy
 
 
 def is_fsdp1(strategy: Any) -> bool:

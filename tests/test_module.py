@@ -165,3 +165,51 @@ def test_under_bf16_true_the_kl_reference_runs_in_the_policys_dtype(tmp_path):
     assert {p.dtype for p in module.policy.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in module.reference_policy.parameters()} == {torch.bfloat16}
     assert trainer.callback_metrics["train/kl"] == 0.0  # the same function of the same weights as the policy
+
+
+def _gradients_and_saved_bytes(**module_kwargs) -> tuple[dict, int]:
+    """One training step's parameter gradients, and the bytes autograd saved for backward during its forward."""
+    module = GSPOModule(TinyQwen3(**{**TINY, "num_layers": 4}), objective="grpo", **module_kwargs)
+    batch, rollout = _fresh_rollout(module)
+    batch.minibatch = split_minibatches(rollout, 1, module.policy)[0]
+    module.log = module.log_dict = lambda *args, **kwargs: None
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = module.training_step(batch, 0)
+    forward_bytes = sum(saved)
+    loss.backward()
+    names = {name: name.replace("._checkpoint_wrapped_module", "") for name, _ in module.policy.named_parameters()}
+    return {names[name]: p.grad.clone() for name, p in module.policy.named_parameters()}, forward_bytes
+
+
+def test_activation_checkpointing_keeps_the_gradients_and_saves_fewer_activations():
+    plain, plain_bytes = _gradients_and_saved_bytes()
+    checkpointed, checkpointed_bytes = _gradients_and_saved_bytes(activation_checkpointing=True)
+    assert plain.keys() == checkpointed.keys()
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert checkpointed_bytes < 0.5 * plain_bytes, (checkpointed_bytes, plain_bytes)
+
+
+class _HFCheckpointing(TinyQwen3):
+    """A loader that turns on Hugging Face's gradient checkpointing, a no-op for a policy kept in eval mode."""
+
+    def load_model(self, tokenizer):
+        model = super().load_model(tokenizer)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model
+
+
+def test_hugging_face_gradient_checkpointing_is_replaced_by_one_that_works_in_eval_mode():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    module = GSPOModule(_HFCheckpointing(**TINY))
+    with pytest.warns(UserWarning, match="does nothing in eval mode"):
+        module.configure_model()
+    assert not module.policy.is_gradient_checkpointing
+    assert sum(isinstance(m, CheckpointWrapper) for m in module.policy.modules()) == TINY["num_layers"]

@@ -91,9 +91,12 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=0.0)
     parser.add_argument("--out", required=True)
     parser.add_argument("--export", default=None, help="also export the policy here with ExportPolicy")
+    parser.add_argument("--module-checkpointing", action="store_true", help="model.activation_checkpointing")
     args = parser.parse_args()
     loader = TinyQwen3(**TINY)
-    module = SGDModule(policy=loader, objective="gspo", lr=0.5, log_entropy=False)
+    module = SGDModule(
+        policy=loader, objective="gspo", lr=0.5, log_entropy=False, activation_checkpointing=args.module_checkpointing
+    )
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=args.devices,
@@ -109,7 +112,8 @@ def main() -> None:
     )
     trainer.fit(module, datamodule=FixedBatches(global_minibatch(loader)))
     wrapped = [m for m in trainer.strategy.model.modules() if isinstance(m, CheckpointWrapper)]
-    assert len(wrapped) == (TINY["num_layers"] if "checkpointing" in args.strategy else 0), wrapped
+    checkpointed = "checkpointing" in args.strategy or args.module_checkpointing
+    assert len(wrapped) == (TINY["num_layers"] if checkpointed else 0), wrapped
     if parameters_are_sharded(trainer):
         state = gather_policy_state_dict(trainer, module)
     else:

@@ -19,8 +19,11 @@ CLIP = 0.01  # well below the gradient norm: clipping changes the step, so a per
 
 
 def one_step(directory: Path, strategy: str, devices: int, export: bool = False) -> dict[str, torch.Tensor]:
+    """``strategy`` is one of one_step.py's, optionally with ``+module_checkpointing`` (the module's option)."""
     out = directory / f"{strategy}.pt"
-    command = [sys.executable, str(SCRIPT), "--strategy", strategy, "--devices", str(devices), "--clip", str(CLIP)]
+    name, _, module_option = strategy.partition("+")
+    command = [sys.executable, str(SCRIPT), "--strategy", name, "--devices", str(devices), "--clip", str(CLIP)]
+    command += ["--module-checkpointing"] if module_option else []
     command += ["--out", str(out)] + (["--export", str(directory / f"{strategy}_hf")] if export else [])
     result = subprocess.run(command, capture_output=True, text=True, cwd=directory, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -41,7 +44,11 @@ def initial() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "fsdp1", "fsdp2_checkpointing", "fsdp1_checkpointing"])
+@pytest.mark.parametrize(
+    "strategy",
+    ["ddp", "fsdp2", "fsdp1", "fsdp2_checkpointing", "fsdp1_checkpointing"]
+    + [f"{name}+module_checkpointing" for name in ("ddp", "fsdp2", "fsdp1")],  # model.activation_checkpointing
+)
 def test_two_rank_step_equals_the_single_process_step(tmp_path, strategy, single_process, initial):
     two_ranks = one_step(tmp_path, strategy, devices=2, export=True)
     assert two_ranks.keys() == single_process.keys()
@@ -131,3 +138,15 @@ def test_a_nan_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path, strategy)
         assert len(sums) == 3 and sums[1] == sums[0] and sums[2] != sums[1]  # step 1 skipped, step 2 trained
     if strategy == "ddp":
         assert ranks[0] == ranks[1]  # the replicas stayed equal
+
+
+def test_module_checkpointing_under_a_plain_fsdp1_strategy_says_what_to_use(policy):
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from gspo_lightning.strategies import shard_for_strategy
+
+    with pytest.raises(ValueError, match="use gspo_lightning.DecoderLayerFSDP"):
+        shard_for_strategy(policy, FSDPStrategy(), None, activation_checkpointing=True)
+    strategy = DecoderLayerFSDP()
+    shard_for_strategy(policy, strategy, None, activation_checkpointing=True)
+    assert strategy.activation_checkpointing  # applied when the strategy wraps the model
