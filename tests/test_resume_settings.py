@@ -1,0 +1,58 @@
+"""Resuming with ``--ckpt_path``: settings that cannot change mid-run are refused, naming the setting; settings
+that may change (max_steps, the learning rate) take effect instead of the checkpoint's."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from gspo_lightning.cli import main
+from tests.test_resume import _config, _run
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory) -> tuple[Path, Path]:
+    """A finished 4-step run of the tiny config (K = 4), with its checkpoint file."""
+    directory = tmp_path_factory.mktemp("checkpointed")
+    config = _config(directory, checkpoint_every=STEPS, steps=STEPS)
+    result = _run(config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return config, directory / "ckpt/last.ckpt"
+
+
+def _resume(config: Path, checkpoint: Path, *overrides: str) -> None:
+    main(["fit", "-c", str(config), f"--ckpt_path={checkpoint}", "--trainer.logger.init_args.version=1", *overrides])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("--model.init_args.objective=grpo", r"cannot resume with a changed model.objective \(checkpoint 'gspo', now 'grpo'\)"),
+        ("--model.init_args.policy.init_args.hidden_size=64", r"cannot resume with a changed model.policy"),
+        ("--sampler.temperature=0.7", r"cannot resume with a changed sampler.temperature \(checkpoint 1.0, now 0.7\)"),
+        ("--sampler.group_size=2", r"cannot resume with a changed sampler.group_size \(checkpoint 4, now 2\)"),
+        ("--data.init_args.prompts_per_rollout=8", r"settings that decide which prompts come next changed: prompts_per_rollout \(saved 4, now 8\)"),
+    ],
+)  # fmt: skip
+def test_a_setting_that_cannot_change_is_refused(checkpointed, tmp_path, monkeypatch, override, message):
+    config, checkpoint = checkpointed
+    monkeypatch.chdir(config.parent)
+    with pytest.raises(ValueError, match=message):
+        _resume(config, checkpoint, override, "--trainer.max_steps=8")
+
+
+@pytest.mark.slow
+def test_max_steps_and_a_new_learning_rate_take_effect(checkpointed, monkeypatch):
+    config, checkpoint = checkpointed
+    monkeypatch.chdir(config.parent)
+    _resume(config, checkpoint, "--model.init_args.lr=3e-4", "--trainer.max_steps=6")
+    rows = list(csv.DictReader((config.parent / "runs/tiny/version_1/metrics.csv").open()))
+    learning_rates = {int(r["step"]): float(r["lr-AdamW"]) for r in rows if r.get("lr-AdamW")}
+    assert sorted(learning_rates) == [4, 5]  # resumed at step 4, stopped at the new max_steps
+    for step, lr in learning_rates.items():  # the configured lr along the same warm-up (10 steps)
+        assert lr == pytest.approx(3e-4 * min(1.0, (step + 1) / 10), rel=1e-6)
