@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gspo_lightning.cli import main
+from tests.conftest import TINY
 from tests.test_cli import ROOT
 
 QUICKSTART = str(ROOT / "configs/quickstart.yaml")
@@ -35,3 +38,51 @@ def test_a_template_column_the_data_set_lacks_fails_at_setup_before_the_model(tm
     assert cli.model.policy is None  # the model is built in configure_model, after data setup
     with pytest.raises(ValueError, match=r"problem"):
         cli.datamodule.setup("fit")
+
+
+_ROWS = [{"question": f"{i}+1", "answer": str(i + 1)} for i in range(8)]
+
+
+def _jsonl(lines: list[bytes]) -> bytes:
+    return b"".join(line + b"\n" for line in lines)
+
+
+def _rows_with(number: int, line: bytes) -> bytes:
+    """The good rows as JSON Lines, with line ``number`` (from 1) replaced by ``line``."""
+    lines = [json.dumps(row).encode() for row in _ROWS]
+    lines[number - 1] = line
+    return _jsonl(lines)
+
+
+BAD_DATA = [
+    ("empty.jsonl", b"", r"data file '.*empty.jsonl' has no rows"),
+    ("blank.jsonl", b"\n\n  \n", r"data file '.*blank.jsonl' has no rows"),
+    ("latin1.jsonl", _rows_with(3, '{"question": "caf\xe9+1", "answer": "2"}'.encode("latin-1")),
+     r"data file '.*latin1.jsonl', line 3: not valid UTF-8 \(byte 0xe9 at column 18"),
+    ("truncated.jsonl", _rows_with(2, b'{"question": "2+2", "answer": '),
+     r"data file '.*truncated.jsonl', line 2: malformed JSON \(Expecting value at column 31\)"),
+    ("list.jsonl", _rows_with(4, b'["4+4", "8"]'), r"line 4: a JSON object \(\{...\}\) expected, got list"),
+    ("surrogate.jsonl", _rows_with(2, b'{"question": "x\\udce9", "answer": "1"}'),
+     r"line 2: a string holds '\\udce9', an escaped lone surrogate"),
+    ("header_only.csv", b"question,answer\n", r"data file '.*header_only.csv' has no rows below its header"),
+    ("no_answer.jsonl", _jsonl([json.dumps({"question": row["question"]}).encode() for row in _ROWS]),
+     r"sampler.rewards: ExactAnswer reads the column\(s\) \['answer'\], which the 'train' split of "
+     r"'.*no_answer.jsonl' does not have; available columns: \['question'\]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "content", "message"), BAD_DATA, ids=[row[0] for row in BAD_DATA])
+def test_bad_data_fails_during_data_setup_before_any_model_is_loaded(name, content, message, tmp_path, monkeypatch):
+    from gspo_lightning.models import TinyQwen3
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_bytes(content)
+    loaded = []
+    monkeypatch.setattr(TinyQwen3, "load_model", lambda self, tokenizer: loaded.append(1))
+    source = {"class_path": "gspo_lightning.data.LoadDataset", "init_args": {"path": str(tmp_path / name), "eval_size": 2}}
+    policy = {"class_path": "gspo_lightning.models.TinyQwen3", "init_args": TINY}
+    args = ["fit", "-c", QUICKSTART, f"--data.init_args.source={json.dumps(source)}", "--data.init_args.prompts_per_rollout=2",
+            f"--model.init_args.policy={json.dumps(policy)}", "--trainer.max_steps=1"]  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        main(args)
+    assert loaded == []  # failed before configure_model built the policy

@@ -17,6 +17,7 @@ import datasets
 from lightning.pytorch import LightningDataModule
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from gspo_lightning.data.checks import check_rows
 from gspo_lightning.data.formatting import PromptFormatter
 from gspo_lightning.data.sources import PromptSource
 from gspo_lightning.data.stream import PromptStream, make_prompt_batch
@@ -159,8 +160,18 @@ class PromptDataModule(LightningDataModule):
                 f"{type(self.source).__name__}.load() returned the splits {sorted(splits)}, lacking {missing}"
             )
         for name in SPLITS:
-            self.formatter.check_columns(splits[name].column_names, where=f"the {name!r} split")
+            where = self.describe_split(name)
+            check_rows(splits[name], where)
+            self.formatter.check_columns(splits[name].column_names, where=where)
         return splits
+
+    def column_names(self, split: str = "train") -> list[str]:
+        """The columns of ``split`` (``train`` or ``eval``), which rewards receive; after ``setup``."""
+        return list(self._split(split).column_names)
+
+    def describe_split(self, split: str = "train") -> str:
+        """How error messages name ``split``, e.g. "the 'train' split of 'data.jsonl'"."""
+        return f"the {split!r} split of {self.source.describe()}"
 
     def _split(self, name: str) -> datasets.Dataset:
         if self._splits is None:

@@ -14,9 +14,11 @@ from collections.abc import Iterator
 import datasets
 
 from gspo_lightning.data.arithmetic import OPERATIONS, arithmetic_problems, is_heldout
+from gspo_lightning.data.checks import check_rows, check_text_file
 
 # File suffixes read directly with one of the `datasets` packaged builders.
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+_TEXT_FILES = (".jsonl", ".json", ".csv")
 # Files `save_to_disk` writes: a DatasetDict directory has the first, a Dataset directory the other two.
 _SAVED_MARKERS = ("dataset_dict.json", "state.json", "dataset_info.json")
 
@@ -27,6 +29,10 @@ class PromptSource(ABC):
     @abstractmethod
     def load(self) -> datasets.DatasetDict:
         """Return a ``DatasetDict`` with the splits ``"train"`` and ``"eval"``."""
+
+    def describe(self) -> str:
+        """How error messages name this source."""
+        return type(self).__name__
 
 
 def _check_eval_size(eval_size: int) -> None:
@@ -98,8 +104,14 @@ class LoadDataset(PromptSource):
         self.eval_size = eval_size
         self.seed = seed
 
+    def describe(self) -> str:
+        return repr(self.path)
+
     def load(self) -> datasets.DatasetDict:
         splits = self._read()
+        # Rows as stored (before any held-out carving shuffles them), so an error's row number is the file's.
+        for name, split in splits.items() if isinstance(splits, datasets.DatasetDict) else [("train", splits)]:
+            check_rows(split, f"{self.path!r} (split {name!r})")
         train = self._pick(splits, self.split, "split")
         if self.eval_split is not None:
             evaluation = self._pick(splits, self.eval_split, "eval_split")
@@ -122,6 +134,8 @@ class LoadDataset(PromptSource):
                     f"path {self.path!r} is a file of unsupported type {suffix!r}; "
                     f"supported: {sorted(_FILE_BUILDERS)}"
                 )
+            if suffix in _TEXT_FILES:
+                check_text_file(self.path)  # line-numbered errors before the reader sees the file
             return datasets.load_dataset(_FILE_BUILDERS[suffix], data_files=self.path)
         if os.path.isdir(self.path) and any(
             os.path.exists(os.path.join(self.path, marker)) for marker in _SAVED_MARKERS

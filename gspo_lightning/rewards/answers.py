@@ -15,6 +15,11 @@ class ExactAnswer:
     def __init__(self, answer_column: str = "answer") -> None:
         self.answer_column = answer_column
 
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        """The data set columns this reward reads (checked when the data is set up, before the model loads)."""
+        return (self.answer_column,)
+
     def __call__(self, prompts: list[Any], completions: list[str], **columns: list[Any]) -> list[float]:
         if self.answer_column not in columns:
             raise KeyError(

@@ -95,6 +95,11 @@ class CountdownAnswer:
         self.numbers_column = numbers_column
         self.target_column = target_column
 
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        """The data set columns this reward reads (checked when the data is set up, before the model loads)."""
+        return (self.numbers_column, self.target_column)
+
     def __call__(self, prompts: list[Any], completions: list[str], **columns: list[Any]) -> list[float]:
         for column in (self.numbers_column, self.target_column):
             if column not in columns:

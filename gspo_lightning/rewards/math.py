@@ -158,6 +158,11 @@ class MathAnswer:
         self.float_rounding = float_rounding
         self.timeout_s = timeout_s
 
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        """The data set columns this reward reads (checked when the data is set up, before the model loads)."""
+        return (self.answer_column,)
+
     def __call__(self, prompts: list[Any], completions: list[str], **columns: list[Any]) -> list[float]:
         """One score per completion, against the reference in ``columns[answer_column]`` of its row."""
         if self.answer_column not in columns:

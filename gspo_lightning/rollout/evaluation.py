@@ -30,6 +30,7 @@ from gspo_lightning.rollout.generation import (
     response_mask_until_eos,
 )
 from gspo_lightning.rollout.prompts import PromptOverflow, context_length, fit_prompts_to_context
+from gspo_lightning.rollout.sampler_checks import check_data_columns
 from gspo_lightning.rollout.types import PromptBatch
 
 
@@ -122,6 +123,10 @@ class HeldOutEvaluation(Callback):
         return (
             f"held-out pass@1 ({self.samples_per_prompt} samples per prompt, temperature {self.settings.temperature})"
         )
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # after the data module's setup, before configure_model builds the policy
+            check_data_columns(trainer.datamodule, [self.correct], "eval", "evaluation.correct")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not callable(getattr(trainer.datamodule, "heldout_dataloader", None)):

@@ -45,6 +45,7 @@ from gspo_lightning.rollout.sampler_checks import (
     OldLogprobSource,
     SamplingDtype,
     check_chat_template,
+    check_data_columns,
     check_module_agrees,
     check_rollout_shape,
     check_routing_replay,
@@ -68,7 +69,8 @@ class GroupSampler(Callback):
 
     Args:
         rewards: reward functions ``(prompts, completions, **columns) -> list[float]``, by import path or
-            ``class_path``; their weighted sum is the reward.
+            ``class_path``; their weighted sum is the reward. A reward with a ``required_columns`` attribute
+            has those columns checked against the data when it is set up, before the model loads.
         reward_weights: one weight per reward function (default: all 1.0).
         group_size: G, responses sampled per prompt (>= 2: advantages compare responses within a group).
         num_minibatches: K, optimizer steps per rollout batch (the paper uses 4); must divide P x G.
@@ -173,6 +175,7 @@ class GroupSampler(Callback):
         check_rollout_shape(trainer.datamodule, self.group_size, self.num_minibatches)
         check_chat_template(trainer.datamodule, getattr(pl_module, "tokenizer", None))
         check_routing_replay(bool(getattr(pl_module, "routing_replay", False)), self.old_logprobs)
+        check_data_columns(trainer.datamodule, self.rewards, "train", "sampler.rewards")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for attribute in ("policy", "tokenizer"):

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import torch
 
+from gspo_lightning.data.checks import check_reward_columns
 from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
 from gspo_lightning.rewards.scoring import REWARD_ERRORS
 from gspo_lightning.rollout.minibatches import check_divisible
@@ -94,6 +95,14 @@ def check_rollout_shape(datamodule: Any, group_size: int, num_minibatches: int) 
     prompts = getattr(datamodule, "prompts_per_rollout", None) if datamodule is not None else None
     if prompts is not None:
         check_divisible(prompts * group_size, num_minibatches)
+
+
+def check_data_columns(datamodule: Any, rewards: Sequence[Any], split: str, setting: str) -> None:
+    """Rewards' ``required_columns`` against the data module's columns, once it is set up (PromptDataModule)."""
+    if datamodule is None or not callable(getattr(datamodule, "column_names", None)):
+        return
+    where = datamodule.describe_split(split) if hasattr(datamodule, "describe_split") else f"the {split!r} split"
+    check_reward_columns(rewards, datamodule.column_names(split), where, setting)
 
 
 def check_chat_template(datamodule: Any, tokenizer: Any) -> None:
