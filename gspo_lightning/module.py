@@ -160,16 +160,7 @@ class GSPOModule(pl.LightningModule):
             raise RuntimeError("training_step got no minibatch: add gspo_lightning.GroupSampler to the callbacks")
         scores, expert_change = self._policy_scores(minibatch)  # [n, R] each, [layers] or None
         logprobs = scores.logprobs  # [n, R]
-        loss, stats = objective_loss(
-            self.objective,
-            logprobs,
-            minibatch.old_logprobs,
-            minibatch.advantages,
-            minibatch.response_mask,
-            self.eps_low,
-            self.eps_high,
-            minibatch.ref_logprobs,
-        )
+        loss, stats = objective_loss(self.objective, logprobs, *self._objective_terms(minibatch))
         finite = bool(torch.isfinite(loss))
         self._skip_update = not self._on_every_rank(finite)
         if self._skip_update:
@@ -231,15 +222,19 @@ class GSPOModule(pl.LightningModule):
             self.hparams.temperature,
             self.logprob_chunk_size,
             with_entropy=self.hparams.log_entropy,
-            predict_upstream=objective_gradient(
-                self.objective,
-                minibatch.old_logprobs,
-                minibatch.advantages,
-                minibatch.response_mask,
-                self.eps_low,
-                self.eps_high,
-                minibatch.ref_logprobs,
-            ),
+            predict_upstream=objective_gradient(self.objective, *self._objective_terms(minibatch)),
+        )
+
+    def _objective_terms(self, minibatch: Minibatch) -> tuple[Any, ...]:
+        """What the objective takes besides pi_theta's log-probs: pi_old's, the advantages, the response mask,
+        the clip range and the reference's log-probs (the loss and its predicted gradient must agree)."""
+        return (
+            minibatch.old_logprobs,
+            minibatch.advantages,
+            minibatch.response_mask,
+            self.eps_low,
+            self.eps_high,
+            minibatch.ref_logprobs,
         )
 
 
