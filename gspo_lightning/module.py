@@ -348,8 +348,8 @@ def _hands_over_hf_checkpointing(policy: nn.Module) -> bool:
     """Whether the loaded policy has Hugging Face's gradient checkpointing on, which only acts in training mode:
     it is switched off, and the module's own (``activation_checkpointing``) used instead."""
     # transformers >= 5.x names it activation checkpointing; earlier versions gradient checkpointing
-    enabled = getattr(type(policy), "is_activation_checkpointing", None) is not None
-    if not (policy.is_activation_checkpointing if enabled else getattr(policy, "is_gradient_checkpointing", False)):
+    current = hasattr(policy, "activation_checkpointing_enable")
+    if not (policy.is_activation_checkpointing if current else getattr(policy, "is_gradient_checkpointing", False)):
         return False
     disable = getattr(policy, "activation_checkpointing_disable", None) or policy.gradient_checkpointing_disable
     disable()

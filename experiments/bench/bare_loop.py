@@ -192,6 +192,12 @@ def prompt_batches(data: dict[str, Any], num_minibatches: int) -> PromptLoader:
     return PromptLoader(stream)
 
 
+def _shares_prefill(sampler: dict) -> bool:
+    """The ``hf`` engine's share_prompt_prefill as the config sets it (default on)."""
+    engine = sampler.get("engine", "hf")
+    return True if isinstance(engine, str) else engine.get("init_args", {}).get("share_prompt_prefill", True)
+
+
 def sample_round(run: BareRun, batch: PromptBatch) -> tuple[list[Minibatch], Rollout]:
     """One rollout round: G responses per prompt, rewards, group advantages, K minibatches with pi_old."""
     group = run.sampler["group_size"]
@@ -199,7 +205,7 @@ def sample_round(run: BareRun, batch: PromptBatch) -> tuple[list[Minibatch], Rol
     repeated_ids = prompt_ids.repeat_interleave(group, dim=0)  # [N, Lp]
     repeated_mask = prompt_mask.repeat_interleave(group, dim=0)  # [N, Lp]
     if _GENERATE_REPEATS:
-        args = (prompt_ids, prompt_mask, run.settings, False, group, run.sampler["share_prompt_prefill"])
+        args = (prompt_ids, prompt_mask, run.settings, False, group, _shares_prefill(run.sampler))
     else:
         args = (repeated_ids, repeated_mask, run.settings)
     response_ids = generate_responses(run.policy, run.tokenizer, *args)  # [N, R]

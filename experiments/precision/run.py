@@ -4,8 +4,8 @@
 
 The quick-start task and settings (1000 steps here), GSPO (eps 3e-4 / 4e-4) and GRPO (0.2 / 0.27), each with pi_old's
 log-probs either recomputed in float32 after sampling (the default, ``sampler.old_logprobs: recompute``) or
-taken directly from a bfloat16 sampling pass (``sampler.old_logprobs: sampler``,
-``sampler.sampling_dtype: bfloat16``), as an inference engine would hand them over. Training itself stays in
+taken directly from a bfloat16 sampling pass (``sampler.old_logprobs: engine``, the ``hf`` engine's
+``sampling_dtype: bfloat16``), as an inference engine would hand them over. Training itself stays in
 float32. On a round's first minibatch pi_theta equals the weights that sampled, so there the ratio measures the
 precision mismatch alone: the script reports its statistics and the clipping it causes. Seeds 0 and 1.
 
@@ -13,6 +13,8 @@ Writes beside this file: ``curves.csv``, ``results.csv`` and ``precision.png``.
 """
 
 from __future__ import annotations
+
+import json
 
 import sys
 from pathlib import Path
@@ -22,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402
 
 HERE = Path(__file__).parent
-FROM_BF16_SAMPLER = ["--sampler.old_logprobs=sampler", "--sampler.sampling_dtype=bfloat16"]
+BF16_ENGINE = {"class_path": "gspo_lightning.engines.HFEngine", "init_args": {"sampling_dtype": "bfloat16"}}
+FROM_BF16_SAMPLER = ["--sampler.old_logprobs=engine", f"--sampler.engine={json.dumps(BF16_ENGINE)}"]
 VARIANTS = {
     "GSPO, pi_old recomputed (fp32)": ["--model.init_args.objective=gspo"],
     "GSPO, pi_old from bf16 sampler": ["--model.init_args.objective=gspo", *FROM_BF16_SAMPLER],

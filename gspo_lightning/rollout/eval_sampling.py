@@ -113,11 +113,6 @@ def metric_device(device: torch.device) -> torch.device:
     return torch.device("cpu") if device.type == "mps" else device
 
 
-def repeat_each(values: list[Any], times: int) -> list[Any]:
-    """Each value ``times`` times in a row, matching ``repeat_interleave`` of the prompt rows."""
-    return [value for value in values for _ in range(times)]
-
-
 def count_solved(scores: Tensor, samples_per_prompt: int, solved_at: float) -> Tensor:
     """How many of each prompt's samples scored >= ``solved_at``.
 

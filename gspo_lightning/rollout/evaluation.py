@@ -11,25 +11,20 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
+from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
 from gspo_lightning.metrics import PassAtK
-from gspo_lightning.rewards.scoring import score_completions
 from gspo_lightning.rollout.context import inference_context, parameters_are_sharded
 from gspo_lightning.rollout.eval_sampling import (
     count_solved,
     evaluation_seed,
     isolated_rng,
     metric_device,
-    repeat_each,
     validate_evaluation,
 )
-from gspo_lightning.rollout.generation import (
-    SamplingSettings,
-    decode_responses,
-    encode_prompts,
-    generate_responses,
-    response_mask_until_eos,
-)
-from gspo_lightning.rollout.prompts import PromptOverflow, context_length, fit_prompts_to_context
+from gspo_lightning.rollout.generation import SamplingSettings
+from gspo_lightning.rollout.pipeline import Scoring, sample_and_score
+from gspo_lightning.rollout.prompts import PromptOverflow
+from gspo_lightning.rollout.sampler import GroupSampler
 from gspo_lightning.rollout.sampler_checks import check_data_columns
 from gspo_lightning.rollout.types import PromptBatch
 
@@ -67,6 +62,9 @@ class HeldOutEvaluation(Callback):
             [1, samples_per_prompt].
         solved_at: the ``correct`` score from which a completion counts as solved.
         seed: seeds the evaluation's sampling together with the global step and the rank.
+        engine: what samples the held-out responses: None (default) the training sampler's engine (a
+            ``GroupSampler`` among the trainer's callbacks; else ``hf``), or an engine of its own (``hf``, ``vllm``,
+            ``{class_path: ..., init_args: ...}``).
     """
 
     def __init__(
@@ -84,6 +82,7 @@ class HeldOutEvaluation(Callback):
         pass_k: Sequence[int] = (1,),
         solved_at: float = 1.0,
         seed: int = 0,
+        engine: SamplingEngine | EngineName | None = None,
     ) -> None:
         validate_evaluation(
             every_n_steps,
@@ -114,6 +113,8 @@ class HeldOutEvaluation(Callback):
         )
         self.history: list[tuple[int, float]] = []
         """(global step, accuracy) of every evaluation so far, resumed runs included."""
+        self.engine = None if engine is None else resolve_engine(engine, "evaluation.engine")
+        self._engine: SamplingEngine | None = self.engine
 
     @property
     def description(self) -> str:
@@ -133,6 +134,16 @@ class HeldOutEvaluation(Callback):
             raise AttributeError(
                 "HeldOutEvaluation needs a data module with heldout_dataloader() (e.g. PromptDataModule)"
             )
+        with inference_context(trainer):
+            self._engine_of(trainer).setup(trainer, pl_module)  # once: the sampler's may already be set up
+
+    def _engine_of(self, trainer: pl.Trainer) -> SamplingEngine:
+        """Its own engine, else the training sampler's (one engine, one copy of the weights), else ``hf``."""
+        if self._engine is None:
+            callbacks = getattr(trainer, "callbacks", [])
+            sampler = next((c for c in callbacks if isinstance(c, GroupSampler)), None)
+            self._engine = sampler.engine if sampler is not None else resolve_engine("hf")
+        return self._engine
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A resumed run does not start at step 0: its step-0 figure is in the restored history.
@@ -164,11 +175,14 @@ class HeldOutEvaluation(Callback):
         metric = PassAtK(sorted({1, *self.pass_k})).to(metric_device(pl_module.device))
         rank = getattr(trainer, "global_rank", 0)
         seed = evaluation_seed(self.seed, trainer.global_step, rank)
+        engine = self._engine_of(trainer)
         with isolated_rng(seed, pl_module.device), inference_context(trainer):
-            for batch in trainer.datamodule.heldout_dataloader():
-                num_correct, counted = self._score_batch(trainer, pl_module, batch)  # [P], [P] bool
+            engine.before_rollout(trainer, pl_module)
+            for number, batch in enumerate(trainer.datamodule.heldout_dataloader()):
+                num_correct, counted = self._score_batch(trainer, pl_module, batch, seed + number)  # [P], [P]
                 if bool(counted.any()):
                     metric.update(num_correct[counted].to(metric.device), self.samples_per_prompt)
+            engine.after_rollout()
         values = {name: float(value) for name, value in metric.compute().items()}
         accuracy = values["pass@1"]
         metrics = {"eval/accuracy": accuracy}
@@ -180,35 +194,28 @@ class HeldOutEvaluation(Callback):
         return accuracy
 
     def _score_batch(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch, seed: int
     ) -> tuple[Tensor, Tensor]:
         """Solved samples per prompt [P] and which prompts count [P] bool (not skipped), both on the CPU."""
         n = self.samples_per_prompt
-        prompt_ids, prompt_mask = encode_prompts(pl_module.tokenizer, batch.prompts, pl_module.device)
-        prompt_ids, prompt_mask, cut = fit_prompts_to_context(
-            prompt_ids,
-            prompt_mask,
-            self.settings.max_new_tokens,
-            context_length(pl_module.policy, pl_module.tokenizer),
-            self.prompt_overflow,
-            setting="evaluation.prompt_overflow",
-        )  # [P, Lp'], [P, Lp'], [P]
-        # n copies of each prompt in a row, one generate call: the n samples of a prompt are rows i*n .. i*n+n-1.
-        response_ids = generate_responses(
+        # n samples of each prompt in one call: prompt i's are rows i*n .. i*n + n - 1.
+        scored = sample_and_score(
+            self._engine,
             pl_module.policy,
             pl_module.tokenizer,
-            prompt_ids.repeat_interleave(n, dim=0),  # [P * n, Lp']
-            prompt_mask.repeat_interleave(n, dim=0),  # [P * n, Lp']
+            batch.prompts,
+            batch.columns,
             self.settings,
-            parameters_are_sharded(trainer),
-        )  # [P * n, R]
-        response_mask, _ = response_mask_until_eos(response_ids, pl_module.tokenizer.eos_token_id)  # [P * n, R]
-        completions = decode_responses(pl_module.tokenizer, response_ids, response_mask)
-        columns = {name: repeat_each(values, n) for name, values in batch.columns.items()}
-        scores, _ = score_completions(
-            [self.correct], [1.0], repeat_each(batch.prompts, n), completions, columns
-        )  # [P * n]
-        num_correct = count_solved(scores, n, self.solved_at)  # [P]
+            n,
+            Scoring([self.correct], [1.0]),
+            device=pl_module.device,
+            overflow=self.prompt_overflow,
+            overflow_setting="evaluation.prompt_overflow",
+            synced_gpus=parameters_are_sharded(trainer),
+            seed=seed,
+        )
+        num_correct = count_solved(scored.rewards, n, self.solved_at)  # [P]
+        cut = scored.prompt_cut
         counted = (~cut if self.prompt_overflow == "skip" else torch.ones_like(cut)).cpu()  # [P] bool
         return num_correct, counted
 

@@ -269,9 +269,9 @@ def _check_key_value_cache(cache: Any) -> None:
         or any(isinstance(x, _STATE_LAYERS) for x in layers)
     ):
         raise UnsharableCacheError(
-            f"sharing the prompt prefill (sampler.share_prompt_prefill) needs a key/value cache (attention layers "
+            f"sharing the prompt prefill (sampler.engine.share_prompt_prefill) needs a key/value cache (attention layers "
             f"only), but this policy's cache is {type(cache).__name__} with layers "
-            f"{sorted({type(x).__name__ for x in layers or []})}: set sampler.share_prompt_prefill=false"
+            f"{sorted({type(x).__name__ for x in layers or []})}: set the hf engine's share_prompt_prefill: false"
         )
 
 

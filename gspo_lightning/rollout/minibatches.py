@@ -46,11 +46,13 @@ def split_minibatches(
     temperature: float = 1.0,
     reference: nn.Module | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    old_from_engine: bool = False,
 ) -> list[Minibatch]:
     """Cut the rollout into K contiguous minibatches and attach pi_old's per-token log-probs to each.
 
-    Contiguous rows keep a prompt's G responses together whenever G divides N / K. When the rollout carries
-    the sampler's own log-probs (``sampler_logprobs``) they are used as pi_old instead. With a ``reference``
+    Contiguous rows keep a prompt's G responses together whenever G divides N / K. With ``old_from_engine`` the
+    engine's own log-probs (``rollout.engine_logprobs``) are pi_old; otherwise they are recomputed here and the
+    engine's, when the rollout has them, travel along as ``engine_logprobs`` (mismatch correction). With a ``reference``
     policy (KL penalty), its log-probs are recorded too, on the reference's own device (it may live on CPU).
     Call it inside the same precision context as ``training_step``.
     """
@@ -60,9 +62,11 @@ def split_minibatches(
     for k in range(num_minibatches):
         rows = slice(k * size, (k + 1) * size)
         input_ids, attention_mask, response_ids, response_mask = _trimmed_rows(rollout, rows)
-        if rollout.sampler_logprobs is not None:  # pi_old as the sampler saw it: no second forward
-            old_logprobs = rollout.sampler_logprobs[rows, : response_ids.shape[1]]  # [n, R']
-            routes = None
+        engine = None if rollout.engine_logprobs is None else rollout.engine_logprobs[rows, : response_ids.shape[1]]
+        if old_from_engine:  # pi_old as the engine saw it: no second forward
+            if engine is None:
+                raise ValueError("old_from_engine needs the engine's log-probs in the rollout (engine_logprobs)")
+            old_logprobs, engine, routes = engine, None, None  # [n, R']
         else:
             with capture_routes(policy, tuple(input_ids.shape)) as routes:  # MoE: pi_old's experts per token
                 old_logprobs = response_logprobs(
@@ -86,6 +90,7 @@ def split_minibatches(
                 rewards=rollout.rewards[rows],
                 ref_logprobs=ref_logprobs,
                 old_routes=routes.stacked() if routes and routes.indices else None,  # [n, layers, L, k]
+                engine_logprobs=None if engine is None else engine.float(),  # [n, R']
             )
         )
     return minibatches

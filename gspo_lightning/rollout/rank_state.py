@@ -7,7 +7,8 @@ from typing import Any
 import torch.distributed as dist
 
 
-def _rank_and_world() -> tuple[int, int]:
+def rank_and_world() -> tuple[int, int]:
+    """This process' rank and the world size (0 and 1 outside torch.distributed)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -16,7 +17,7 @@ def _rank_and_world() -> tuple[int, int]:
 def gather_per_rank(local: dict[str, Any]) -> list[dict[str, Any]]:
     """Every rank's ``local`` state, in rank order. Collective: all ranks call it (Lightning builds the
     checkpoint dict on every rank, then rank 0 writes it)."""
-    _, world = _rank_and_world()
+    _, world = rank_and_world()
     if world == 1:
         return [local]
     gathered: list[Any] = [None] * world
@@ -26,7 +27,7 @@ def gather_per_rank(local: dict[str, Any]) -> list[dict[str, Any]]:
 
 def select_rank(per_rank: list[dict[str, Any]], owner: str) -> dict[str, Any]:
     """This rank's entry of a ``gather_per_rank`` list; the world size must be the one that saved it."""
-    rank, world = _rank_and_world()
+    rank, world = rank_and_world()
     if len(per_rank) != world:
         raise ValueError(
             f"{owner} state was saved by {len(per_rank)} rank(s) but the run resumes on {world}: an exact resume "

@@ -23,33 +23,27 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE
 from gspo_lightning.metric_logging import flush_step_metrics, log_across_ranks, shows_progress_bar
 from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale, KLRewardPenalty
 from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
-from gspo_lightning.rewards.scoring import RewardErrors, RewardFunction, score_completions
+from gspo_lightning.rewards.scoring import RewardErrors, RewardFunction
 from gspo_lightning.rollout.context import inference_context, parameters_are_sharded
-from gspo_lightning.rollout.generation import (
-    SamplingSettings,
-    decode_responses,
-    encode_prompts,
-    generate_responses,
-    generate_with_logprobs,
-    response_mask_until_eos,
-)
+from gspo_lightning.rollout.eval_sampling import evaluation_seed
+from gspo_lightning.rollout.generation import SamplingSettings
 from gspo_lightning.rollout.minibatches import check_divisible, split_minibatches
-from gspo_lightning.rollout.prompts import PromptOverflow, context_length, fit_prompts_to_context
-from gspo_lightning.rollout.rank_state import gather_per_rank, select_rank
+from gspo_lightning.rollout.pipeline import Scoring, sample_and_score
+from gspo_lightning.rollout.prompts import PromptOverflow
+from gspo_lightning.rollout.rank_state import gather_per_rank, rank_and_world, select_rank
 from gspo_lightning.rollout.rng import restore_rng_states, rng_states
 from gspo_lightning.rollout.sampler_checks import (
     OldLogprobSource,
-    SamplingDtype,
     check_chat_template,
     check_data_columns,
     check_module_agrees,
     check_rollout_shape,
     check_routing_replay,
-    sampling_precision,
     validate_old_logprobs,
     validate_robustness,
     validate_sampling,
@@ -58,10 +52,6 @@ from gspo_lightning.rollout.signal import advantages_with_skips, kl_penalised_re
 from gspo_lightning.rollout.stats import rollout_stats
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
 from gspo_lightning.validation import require
-
-
-def _repeat(values: list[Any], times: int) -> list[Any]:
-    return [value for value in values for _ in range(times)]
 
 
 class GroupSampler(Callback):
@@ -106,19 +96,16 @@ class GroupSampler(Callback):
             start are lost), counted in ``rollout/prompts_truncated``. ``skip``: truncated the same way for
             generation (shapes stay fixed), but its group gets advantages 0 (no learning signal), counted in
             ``rollout/prompts_skipped``.
-        old_logprobs: where pi_old's log-probs come from. ``recompute`` (default): a separate forward over
-            the sampled sequences right after sampling, in the precision context of ``training_step`` (ratio
-            exactly 1 on a round's first minibatch). ``sampler``: the log-probs ``generate`` itself computed
-            while sampling, used directly (no second forward; what an inference engine would hand over). Its
-            precision mismatch with training then shows as ratios != 1 (GSPO section 5.4); Routing Replay needs
-            ``recompute``.
-        sampling_dtype: precision of the sampling pass: ``auto`` (the trainer's, as training) or ``bfloat16`` /
-            ``float16`` (autocast around ``generate``), e.g. to emulate a lower-precision inference engine.
-        share_prompt_prefill: compute each prompt's prefill (the forward over its tokens, kept as a key/value
-            cache) once and share it among its G responses, instead of once per response. The same samples up to
-            float rounding, for less prefill compute: it pays with long prompts and large G
-            (``experiments/bench/sampling.py``). A policy whose cache holds more than attention keys and values
-            (SSM / linear attention layers) samples without sharing, with a warning.
+        engine: what samples the responses (and the held-out evaluation's): ``hf`` (Hugging Face ``generate`` on
+            the trained policy, the default and the CPU path), ``vllm`` (a colocated vLLM engine that receives
+            the trainer's weights before every round), or ``{class_path: ..., init_args: {...}}`` for either's
+            options (``gspo_lightning.engines.HFEngine``, ``gspo_lightning.engines.VLLMEngine``) or your own
+            ``SamplingEngine``.
+        old_logprobs: where pi_old's log-probs come from. ``recompute`` (default): a trainer forward over the
+            sampled sequences right after sampling, in the precision context of ``training_step`` (ratio exactly
+            1 on a round's first minibatch). ``engine``: the log-probs the engine computed while sampling, used
+            directly (no second forward); its rollout-training mismatch then shows as ratios != 1 on a round's
+            first minibatch (GSPO section 5.4). Routing Replay needs ``recompute``.
     """
 
     def __init__(
@@ -136,11 +123,10 @@ class GroupSampler(Callback):
         reward_isolation: RewardIsolation = "thread",
         reward_errors: RewardErrors = "raise",
         prompt_overflow: PromptOverflow = "error",
+        engine: SamplingEngine | EngineName = "hf",
         old_logprobs: OldLogprobSource = "recompute",
-        sampling_dtype: SamplingDtype = "auto",
-        share_prompt_prefill: bool = True,
     ) -> None:
-        validate_old_logprobs(old_logprobs, sampling_dtype)
+        validate_old_logprobs(old_logprobs)
         validate_sampling(
             rewards, reward_weights, group_size, num_minibatches, max_new_tokens, temperature, top_p, top_k
         )
@@ -149,6 +135,7 @@ class GroupSampler(Callback):
             f"sampler.advantage_scale must be one of {list(ADVANTAGE_SCALES)}, got {advantage_scale!r}",
         )
         validate_robustness(reward_timeout_s, reward_isolation, reward_errors, prompt_overflow)
+        self.engine = resolve_engine(engine)
         self.advantage_scale = advantage_scale
         self.rewards: list[RewardFunction] = list(rewards)
         self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.rewards)
@@ -158,15 +145,13 @@ class GroupSampler(Callback):
         self.reward_errors = reward_errors
         self.prompt_overflow = prompt_overflow
         self.reward_runner = RewardRunner(reward_isolation, reward_timeout_s)
+        self.old_logprobs = old_logprobs
         self._rollout_index: int | None = None
         self._minibatches: list[Minibatch] = []
         self._stats: dict[str, torch.Tensor] = {}
         self._pending_rng: dict[str, Any] | None = None
         self._round_seconds: dict[str, float] = {}
         self._step_started = 0.0
-        self.old_logprobs = old_logprobs
-        self.sampling_dtype = sampling_dtype
-        self.share_prompt_prefill = share_prompt_prefill
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Checks that need no model: Lightning calls this before ``configure_model`` builds the policy."""
@@ -185,9 +170,12 @@ class GroupSampler(Callback):
                 )
         check_chat_template(trainer.datamodule, pl_module.tokenizer)  # a tokenizer built in configure_model
         check_module_agrees(pl_module, self.settings.temperature, self.settings.max_new_tokens)
+        with inference_context(trainer):
+            self.engine.setup(trainer, pl_module)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.reward_runner.close()
+        self.engine.teardown()
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch, batch_idx: int
@@ -222,7 +210,10 @@ class GroupSampler(Callback):
     def _new_round(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch) -> None:
         check_divisible(len(batch) * self.group_size, self.num_minibatches)
         with inference_context(trainer):
-            rollout = self.sample(pl_module, batch.prompts, batch.columns, parameters_are_sharded(trainer))
+            self.engine.before_rollout(trainer, pl_module)
+            seed = self.round_seed(batch.rollout_index)
+            rollout = self.sample(pl_module, batch.prompts, batch.columns, parameters_are_sharded(trainer), seed)
+            self.engine.after_rollout()
             started = time.perf_counter()
             self._minibatches = split_minibatches(
                 rollout,
@@ -231,6 +222,7 @@ class GroupSampler(Callback):
                 self.settings.temperature,
                 reference=getattr(pl_module, "reference_policy", None),
                 chunk_size=getattr(pl_module, "logprob_chunk_size", DEFAULT_CHUNK_SIZE),
+                old_from_engine=self.old_logprobs == "engine",
             )
             self._round_seconds["old_logprob_s"] = time.perf_counter() - started
         penalty = getattr(pl_module, "kl_reward_penalty", None)
@@ -260,71 +252,62 @@ class GroupSampler(Callback):
         return replace(rollout, advantages=advantages.to(rollout.advantages.device), kl_penalties=kl)
 
     def sample(
-        self, pl_module: Any, prompts: list[Any], columns: dict[str, list[Any]], synced_gpus: bool = False
+        self,
+        pl_module: Any,
+        prompts: list[Any],
+        columns: dict[str, list[Any]],
+        synced_gpus: bool = False,
+        seed: int = 0,
     ) -> Rollout:
-        """Sample G responses per prompt, score them and compute group advantages (Eq. 6)."""
-        tokenizer = pl_module.tokenizer
-        started = time.perf_counter()
-        prompt_ids, prompt_mask, cut = self._prompts(pl_module, prompts)  # [P, Lp], [P, Lp], [P]
-        response_ids, sampler_logprobs = self._generate(pl_module, prompt_ids, prompt_mask, synced_gpus)  # [N, R] x2
+        """Sample G responses per prompt with the engine, score them and compute group advantages (Eq. 6)."""
+        scored = sample_and_score(
+            self.engine,
+            pl_module.policy,
+            pl_module.tokenizer,
+            prompts,
+            columns,
+            self.settings,
+            self.group_size,
+            Scoring(self.rewards, self.reward_weights, self.reward_runner, self.reward_errors),
+            device=pl_module.device,
+            overflow=self.prompt_overflow,
+            with_logprobs=self._wants_engine_logprobs(pl_module),
+            synced_gpus=synced_gpus,
+            seed=seed,
+        )
+        self._round_seconds.update(scored.seconds)
         # Response i*G + g answers prompt i: each prompt row repeated G times in a row lines up with them.
-        prompt_ids = prompt_ids.repeat_interleave(self.group_size, dim=0)  # [N, Lp]
-        prompt_mask = prompt_mask.repeat_interleave(self.group_size, dim=0)  # [N, Lp]
-        cut = cut.repeat_interleave(self.group_size, dim=0)  # [N]
-        response_mask, truncated = response_mask_until_eos(response_ids, tokenizer.eos_token_id)  # [N, R], [N]
-        completions = decode_responses(tokenizer, response_ids, response_mask)
-        self._round_seconds["generate_s"] = time.perf_counter() - started
-
-        started = time.perf_counter()
-        repeated_columns = {name: _repeat(values, self.group_size) for name, values in columns.items()}
-        rewards, components = score_completions(
-            self.rewards,
-            self.reward_weights,
-            _repeat(prompts, self.group_size),
-            completions,
-            repeated_columns,
-            runner=self.reward_runner,
-            errors=self.reward_errors,
-        )  # [N], NaN where a reward is unavailable
-        self._round_seconds["reward_s"] = time.perf_counter() - started
+        cut = scored.prompt_cut.repeat_interleave(self.group_size, dim=0)  # [N]
         prompt_skipped = cut if self.prompt_overflow == "skip" else None  # [N] or None
+        rewards = scored.rewards  # [N]
         skipped = skipped_responses(rewards, prompt_skipped, self.group_size)  # [N]
-        device = prompt_ids.device
+        device = scored.prompt_ids.device
         return Rollout(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            response_ids=response_ids,
-            response_mask=response_mask,
+            prompt_ids=scored.prompt_ids.repeat_interleave(self.group_size, dim=0),  # [N, Lp]
+            prompt_mask=scored.prompt_mask.repeat_interleave(self.group_size, dim=0),  # [N, Lp]
+            response_ids=scored.samples.response_ids,
+            response_mask=scored.response_mask,
             rewards=rewards.to(device),
             advantages=advantages_with_skips(rewards, skipped, self.group_size, self.advantage_scale).to(device),
-            truncated=truncated,
-            completions=completions,
-            reward_components=components,
+            truncated=scored.truncated,
+            completions=scored.completions,
+            reward_components=scored.reward_components,
             prompt_cut=cut,
             prompt_skipped=prompt_skipped,
-            sampler_logprobs=sampler_logprobs,
+            engine_logprobs=scored.samples.logprobs,
         )
 
-    def _generate(
-        self, pl_module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, synced_gpus: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """G responses per prompt of [P, Lp] ``prompt_ids``: tokens [N, R], and the sampler's own log-probs [N, R]
-        when pi_old is taken from them."""
-        arguments = (pl_module.policy, pl_module.tokenizer, prompt_ids, prompt_mask, self.settings, synced_gpus)
-        arguments += (self.group_size, self.share_prompt_prefill)
-        with sampling_precision(self.sampling_dtype, prompt_ids.device):
-            if self.old_logprobs == "sampler":
-                return generate_with_logprobs(*arguments)
-            return generate_responses(*arguments), None
+    def _wants_engine_logprobs(self, pl_module: Any) -> bool:
+        """pi_old from the engine; a module that corrects for the rollout-training mismatch; or an engine that
+        reports them for free (then the mismatch is measured)."""
+        corrects = bool(getattr(pl_module, "needs_engine_logprobs", False))
+        return self.old_logprobs == "engine" or corrects or self.engine.reports_logprobs_cheaply
 
-    def _prompts(self, pl_module: Any, prompts: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Encoded prompts fitted to the context (``prompt_overflow``), once each: [P, Lp'] x2 and cut [P]."""
-        prompt_ids, prompt_mask = encode_prompts(pl_module.tokenizer, prompts, pl_module.device)  # [P, Lp]
-        context = context_length(pl_module.policy, pl_module.tokenizer)
-        prompt_ids, prompt_mask, cut = fit_prompts_to_context(
-            prompt_ids, prompt_mask, self.settings.max_new_tokens, context, self.prompt_overflow
-        )  # [P, Lp'], [P, Lp'], [P]
-        return prompt_ids, prompt_mask, cut
+    def round_seed(self, rollout_index: int) -> int:
+        """The seed of one sampling round: a function of the engine's seed, the round and the rank only, so that a
+        run (and a resumed run) redraws the same samples with an engine that has its own random streams."""
+        rank, _ = rank_and_world()
+        return evaluation_seed(getattr(self.engine, "seed", 0), rollout_index, rank)
 
     def state_dict(self) -> dict[str, Any]:
         """Each rank's partly consumed round and random generators travel with the checkpoint, so a resumed

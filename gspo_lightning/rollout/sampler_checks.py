@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, Literal
-
-import torch
 
 from gspo_lightning.data.checks import check_reward_columns
 from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
@@ -141,27 +138,12 @@ def check_module_agrees(module: Any, temperature: float, max_new_tokens: int) ->
     )
 
 
-OldLogprobSource = Literal["recompute", "sampler"]
-SamplingDtype = Literal["auto", "bfloat16", "float16"]
-_SAMPLING_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+OldLogprobSource = Literal["recompute", "engine"]
 
 
-def validate_old_logprobs(old_logprobs: str, sampling_dtype: str) -> None:
+def validate_old_logprobs(old_logprobs: str) -> None:
+    renamed = " (renamed: 'sampler' is now 'engine')" if old_logprobs == "sampler" else ""
     require(
-        old_logprobs in ("recompute", "sampler"),
-        f"sampler.old_logprobs must be one of ['recompute', 'sampler'], got {old_logprobs!r}",
+        old_logprobs in ("recompute", "engine"),
+        f"sampler.old_logprobs must be one of ['recompute', 'engine'], got {old_logprobs!r}{renamed}",
     )
-    require(
-        sampling_dtype in ("auto", *_SAMPLING_DTYPES),
-        f"sampler.sampling_dtype must be one of ['auto', 'bfloat16', 'float16'], got {sampling_dtype!r}",
-    )
-
-
-@contextmanager
-def sampling_precision(sampling_dtype: str, device: torch.device) -> Iterator[None]:
-    """Autocast ``generate`` to ``sampling_dtype``; ``auto`` keeps the surrounding (training) precision."""
-    if sampling_dtype == "auto":
-        yield
-        return
-    with torch.autocast(device.type, dtype=_SAMPLING_DTYPES[sampling_dtype]):
-        yield

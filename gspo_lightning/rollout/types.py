@@ -58,6 +58,9 @@ class Minibatch:
         ref_logprobs:   [n, R]  float32 log pi_ref, only when a KL penalty to a reference policy is used
         old_routes:     [n, layers, L, k]  int, the experts pi_old's routers activated per token (MoE policies
                                 only): replayed by Routing Replay and compared with pi_theta's routing
+        engine_logprobs: [n, R] float32 the sampling engine's log-probs of the same tokens, when pi_old is the
+                                trainer's recomputation and the engine reported them: for the rollout-training
+                                mismatch correction and metrics
     """
 
     input_ids: Tensor
@@ -69,12 +72,13 @@ class Minibatch:
     rewards: Tensor
     ref_logprobs: Tensor | None = None
     old_routes: Tensor | None = None
+    engine_logprobs: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def tensors(self) -> dict[str, Tensor]:
-        """The fields that hold a tensor (``ref_logprobs`` and ``old_routes`` may be None)."""
+        """The fields that hold a tensor (``ref_logprobs``, ``old_routes`` and ``engine_logprobs`` may be None)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
     def to(self, device: torch.device | str) -> Minibatch:
@@ -97,8 +101,9 @@ class Rollout:
         prompt_cut:     [N]      bool, True where the prompt was cut to fit the context; None: nothing cut
         prompt_skipped: [N]      bool, True where the prompt's group is left out of learning because its prompt
                                  overflowed (``prompt_overflow="skip"``); None: nothing skipped
-        sampler_logprobs: [N, R] float32 log-probs of the sampled tokens from the sampling pass itself, when
-                                 pi_old is taken from the sampler (``old_logprobs="sampler"``); else None
+        engine_logprobs: [N, R] float32 log-probs of the sampled tokens as the sampling engine computed them, when
+                                 it reported them (``old_logprobs="engine"``, a rollout correction, or an
+                                 engine that reports them for free); else None
         kl_penalties:   [N]      float32 summed KL(pi_old || pi_ref) estimate of each response, when it was
                                  subtracted from the rewards (``kl_in="reward"``); else None
     """
@@ -114,7 +119,7 @@ class Rollout:
     reward_components: dict[str, Tensor] = field(default_factory=dict)
     prompt_cut: Tensor | None = None
     prompt_skipped: Tensor | None = None
-    sampler_logprobs: Tensor | None = None
+    engine_logprobs: Tensor | None = None
     kl_penalties: Tensor | None = None
 
     def __len__(self) -> int:

@@ -209,7 +209,7 @@ def test_shared_prefill_refuses_a_recurrent_state_cache(tokenizer):
             return kwargs["input_ids"]
 
     ids, mask = encode_prompts(tokenizer, ["1+1=", "2+2="], "cpu")
-    with pytest.raises(ValueError, match="share_prompt_prefill=false"):
+    with pytest.raises(ValueError, match="share_prompt_prefill: false"):
         prefill_prompt_cache(StateSpacePolicy(), ids, mask, GROUP)
     # the sampler's default path warns and samples without a shared cache instead of failing
     policy, settings = StateSpacePolicy(), SamplingSettings(max_new_tokens=2)

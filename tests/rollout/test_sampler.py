@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from gspo_lightning.engines import HFEngine
 from gspo_lightning.logprobs import response_logprobs
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout import GroupSampler, PromptBatch
@@ -108,7 +109,7 @@ def test_sampler_settings_are_validated(kwargs, message):
         GroupSampler(rewards=[ExactAnswer()], **kwargs)
 
 
-@pytest.mark.parametrize("old_logprobs", ["recompute", "sampler"])
+@pytest.mark.parametrize("old_logprobs", ["recompute", "engine"])
 def test_sharing_the_prompt_prefill_draws_the_same_rollout(policy, tokenizer, old_logprobs):
     module = ReinforceModule(policy, tokenizer)
     prompts, columns = ["1+1=", "12+34=", "5"], {"answer": ["2", "46", "5"]}
@@ -121,7 +122,7 @@ def test_sharing_the_prompt_prefill_draws_the_same_rollout(policy, tokenizer, ol
             group_size=4,
             max_new_tokens=5,
             old_logprobs=old_logprobs,
-            share_prompt_prefill=share,
+            engine=HFEngine(share_prompt_prefill=share),
         )
         torch.manual_seed(0)
         rollouts.append(sampler.sample(module, prompts, columns))
@@ -132,9 +133,9 @@ def test_sharing_the_prompt_prefill_draws_the_same_rollout(policy, tokenizer, ol
     for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "prompt_cut"):
         assert torch.equal(getattr(shared, name), getattr(plain, name)), name
     assert shared.completions == plain.completions
-    if old_logprobs == "sampler":
+    if old_logprobs == "engine":
         mask = shared.response_mask.bool()
-        torch.testing.assert_close(shared.sampler_logprobs[mask], plain.sampler_logprobs[mask], rtol=0, atol=1e-5)
+        torch.testing.assert_close(shared.engine_logprobs[mask], plain.engine_logprobs[mask], rtol=0, atol=1e-5)
 
 
 def test_a_kl_reward_penalty_is_subtracted_before_the_advantages(policy, tokenizer):

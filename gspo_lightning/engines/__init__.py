@@ -1,0 +1,26 @@
+"""Sampling engines: Hugging Face ``generate`` (``hf``, the default) or vLLM (``vllm``), behind one seam."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine
+from gspo_lightning.engines.hf import HFEngine
+from gspo_lightning.engines.vllm_engine import VLLMEngine
+
+EngineName = Literal["hf", "vllm"]
+ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}
+
+
+def resolve_engine(engine: SamplingEngine | str, setting: str = "sampler.engine") -> SamplingEngine:
+    """An engine instance: ``engine`` itself, or the named one with its default options."""
+    if isinstance(engine, SamplingEngine):
+        return engine
+    if engine not in ENGINES:
+        raise ValueError(
+            f"{setting} must be one of {sorted(ENGINES)} or a SamplingEngine class_path, got {engine!r}"
+        )
+    return ENGINES[engine]()
+
+
+__all__ = ["ENGINES", "EngineName", "EngineSamples", "HFEngine", "SamplingEngine", "VLLMEngine", "resolve_engine"]

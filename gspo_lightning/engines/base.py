@@ -1,0 +1,107 @@
+"""The seam between the rollout and whatever draws its responses: Hugging Face ``generate`` or an inference engine.
+
+A round of sampling, in the order it happens (``GroupSampler`` and ``HeldOutEvaluation`` drive it):
+
+    engine.setup(trainer, module)            once, at fit start: build the engine for this policy
+    engine.before_rollout(trainer, module)   every round: wake it, and bring it the trainer's current weights
+    engine.sample(...)                       G responses per prompt -> EngineSamples
+    engine.after_rollout()                   every round: free what it holds while training runs
+
+An engine is owned by the sampler (the evaluation borrows the sampler's), never by the LightningModule: the module
+only ever sees token ids and log-probs in a ``Minibatch``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from gspo_lightning.rollout.generation import SamplingSettings
+
+
+@dataclass
+class EngineSamples:
+    """What an engine drew: ``group_size`` responses per prompt, prompt i's at rows i*G .. i*G + G - 1.
+
+    Shapes (N = P * G; R <= max_new_tokens, the longest response drawn):
+        response_ids:   [N, R] int64 sampled tokens, the tokenizer's pad id after a response ended
+        ended:          [N] bool, True where the response ended with the tokenizer's EOS (else it hit
+                        max_new_tokens)
+        logprobs:       [N, R] float32 log-probs of the sampled tokens under the distribution sampled from,
+                        log softmax(logits / temperature) as the engine computed them (0 after the end); None when
+                        not asked for
+        routed_experts: [N, layers, Lp + R, k] the experts the engine's routers chose for every prompt and response
+                        token (mixture-of-experts policies, engines that report them), else None
+    """
+
+    response_ids: Tensor
+    ended: Tensor
+    logprobs: Tensor | None = None
+    routed_experts: Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+
+class SamplingEngine(ABC):
+    """Draws responses for the rollout and the held-out evaluation (see the module docstring for the lifecycle).
+
+    Every engine samples from exactly softmax(logits / temperature), restricted by ``top_p`` / ``top_k`` only when
+    the settings ask for it, and stops a response at the tokenizer's EOS or at ``max_new_tokens``.
+    """
+
+    name = "engine"
+    reports_logprobs_cheaply = False
+    """Whether ``sample(..., with_logprobs=True)`` costs nothing extra (then the sampler always asks, for the
+    rollout-training mismatch metrics)."""
+
+    def setup(self, trainer: Any, pl_module: Any) -> None:
+        """Once, when training starts (the policy exists): build what the engine needs."""
+
+    def before_rollout(self, trainer: Any, pl_module: Any) -> None:
+        """Before each sampling round: the engine must sample from the trainer's current weights."""
+
+    def after_rollout(self) -> None:
+        """After each sampling round (training runs next)."""
+
+    def teardown(self) -> None:
+        """When training ends."""
+
+    @abstractmethod
+    def sample(
+        self,
+        policy: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        settings: SamplingSettings,
+        group_size: int,
+        with_logprobs: bool = False,
+        synced_gpus: bool = False,
+        seed: int = 0,
+    ) -> EngineSamples:
+        """``group_size`` responses for each of the P left-padded prompts ``prompt_ids`` [P, Lp] (mask [P, Lp]).
+
+        ``seed`` makes an engine with its own random streams reproducible (a function of the run's seed, the
+        round and the rank); ``generate`` draws from torch's generator, which the sampler saves and restores.
+        ``synced_gpus``: parameters are sharded, every rank must keep stepping until all have finished.
+        """
+
+
+def ended_with_eos(response_ids: Tensor, eos_token_id: int) -> Tensor:
+    """[N] bool: which responses [N, R] hold the EOS token."""
+    return (response_ids == eos_token_id).any(-1)
+
+
+def right_padded(rows: list[list[int]], pad_id: int, device: torch.device | str = "cpu") -> Tensor:
+    """Token lists of different lengths as one [N, max length] int64 tensor, ``pad_id`` after each."""
+    width = max((len(row) for row in rows), default=0)
+    padded = torch.full((len(rows), max(width, 1)), pad_id, dtype=torch.long)
+    for index, row in enumerate(rows):
+        padded[index, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+    return padded.to(device)
