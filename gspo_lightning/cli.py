@@ -16,7 +16,12 @@ from gspo_lightning.data import PromptDataModule
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
 from gspo_lightning.rollout.minibatches import check_divisible
-from gspo_lightning.rollout.sampler_checks import check_routing_replay, validate_robustness, validate_sampling_settings
+from gspo_lightning.rollout.sampler_checks import (
+    check_rollout_correction,
+    check_routing_replay,
+    validate_robustness,
+    validate_sampling_settings,
+)
 
 _UNION_ERROR = "Does not validate against any of the Union subtypes"
 
@@ -75,6 +80,9 @@ class GSPOCLI(LightningCLI):
             )
             model = getattr(config.get("model"), "init_args", None)
             check_routing_replay(bool(getattr(model, "routing_replay", False)), sampler.old_logprobs)
+            correction = getattr(model, "rollout_correction", None)
+            mode = correction.get("mode", "off") if isinstance(correction, dict) else getattr(correction, "mode", "off")
+            check_rollout_correction(mode, sampler.old_logprobs)
             prompts = getattr(getattr(config.get("data"), "init_args", None), "prompts_per_rollout", None)
             if prompts is not None:
                 check_divisible(prompts * sampler.group_size, sampler.num_minibatches)
@@ -84,7 +92,7 @@ class GSPOCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-        except ValueError as error:
+        except (ValueError, ImportError) as error:  # a bad setting, or an optional dependency it needs
             raise ConfigError(one_line(error)) from error
 
     def before_fit(self) -> None:

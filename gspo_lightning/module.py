@@ -26,6 +26,8 @@ from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
 from gspo_lightning.objectives import (
     KLRewardPenalty,
+    RolloutCorrection,
+    correct_rollout,
     ObjectiveSpec,
     objective_gradient,
     objective_loss,
@@ -33,7 +35,7 @@ from gspo_lightning.objectives import (
     reward_kl_penalty,
 )
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
-from gspo_lightning.step_metrics import log_expert_change, log_step_metrics
+from gspo_lightning.step_metrics import log_expert_change, log_mismatch, log_step_metrics
 from gspo_lightning.strategies import is_fsdp1, shard_for_strategy
 from gspo_lightning.validation import require
 
@@ -75,6 +77,9 @@ class GSPOModule(pl.LightningModule):
             (less memory, about one more forward of compute), on every strategy (single device, DDP, FSDP1 through
             ``DecoderLayerFSDP``, FSDP2). The policy stays in eval mode (dropout off): a policy whose loader
             enabled Hugging Face's gradient checkpointing, which does nothing in eval mode, gets this instead.
+        rollout_correction: how training corrects for the sampling engine's distribution differing from the
+            trainer's pi_old (``{mode: off | tis | mis | token_mask, threshold: C}``; see
+            ``gspo_lightning.objectives.rollout_correction``). Needs ``sampler.old_logprobs: recompute``.
         routing_replay: mixture-of-experts policies only: force the experts pi_old activated for each token in
             pi_theta's forward (GSPO section 4.3), the router still receiving gradient through the forced
             experts' weights. Without it, ``moe/expert_change_frac`` reports how much routing moved.
@@ -96,6 +101,7 @@ class GSPOModule(pl.LightningModule):
         routing_replay: bool = False,
         logprob_chunk_size: int = DEFAULT_CHUNK_SIZE,
         activation_checkpointing: bool = False,
+        rollout_correction: RolloutCorrection = RolloutCorrection(),
     ) -> None:
         super().__init__()
         self.objective = _with_token_budget(_resolve(objective), max_new_tokens)
@@ -108,6 +114,9 @@ class GSPOModule(pl.LightningModule):
         )
         self.save_hyperparameters()
         self.policy_loader = policy
+        self.rollout_correction = (
+            RolloutCorrection(**rollout_correction) if isinstance(rollout_correction, dict) else rollout_correction
+        )
         self.tokenizer = policy.load_tokenizer()
         self.policy: nn.Module | None = None
         # A plain list keeps the reference out of state_dict, the optimizer and Lightning's device moves:
@@ -158,9 +167,10 @@ class GSPOModule(pl.LightningModule):
         minibatch = batch.minibatch
         if minibatch is None:
             raise RuntimeError("training_step got no minibatch: add gspo_lightning.GroupSampler to the callbacks")
-        scores, expert_change = self._policy_scores(minibatch)  # [n, R] each, [layers] or None
+        terms, correction_stats = self._objective_terms(minibatch)  # the same for the loss and its gradient
+        scores, expert_change = self._policy_scores(minibatch, terms)  # [n, R] each, [layers] or None
         logprobs = scores.logprobs  # [n, R]
-        loss, stats = objective_loss(self.objective, logprobs, *self._objective_terms(minibatch))
+        loss, stats = objective_loss(self.objective, logprobs, *terms)
         finite = bool(torch.isfinite(loss))
         self._skip_update = not self._on_every_rank(finite)
         if self._skip_update:
@@ -172,6 +182,8 @@ class GSPOModule(pl.LightningModule):
         if scores.entropy is not None:
             stats["entropy"] = _mean_entropy(scores.entropy, minibatch)
         log_step_metrics(self, loss, stats, logprobs.detach(), minibatch, batch.minibatch_index, batch.num_minibatches)
+        if minibatch.engine_logprobs is not None:  # pi_old recomputed, the engine's log-probs at hand
+            log_mismatch(self, minibatch, correction_stats)
         if expert_change is not None:
             log_expert_change(self, expert_change, len(minibatch), batch.minibatch_index, batch.num_minibatches)
         return loss
@@ -212,7 +224,7 @@ class GSPOModule(pl.LightningModule):
         """LM-head chunk size of every log-prob computation of this policy (the sampler's pi_old too)."""
         return self.hparams.logprob_chunk_size
 
-    def _response_scores(self, minibatch: Minibatch) -> TokenScores:
+    def _response_scores(self, minibatch: Minibatch, terms: tuple[Any, ...]) -> TokenScores:
         length = minibatch.response_ids.shape[1]
         return response_scores(
             self.policy,
@@ -222,23 +234,39 @@ class GSPOModule(pl.LightningModule):
             self.hparams.temperature,
             self.logprob_chunk_size,
             with_entropy=self.hparams.log_entropy,
-            predict_upstream=objective_gradient(self.objective, *self._objective_terms(minibatch)),
+            predict_upstream=objective_gradient(self.objective, *terms),
         )
 
-    def _objective_terms(self, minibatch: Minibatch) -> tuple[Any, ...]:
-        """What the objective takes besides pi_theta's log-probs: pi_old's, the advantages, the response mask,
-        the clip range and the reference's log-probs (the loss and its predicted gradient must agree)."""
-        return (
-            minibatch.old_logprobs,
-            minibatch.advantages,
-            minibatch.response_mask,
-            self.eps_low,
-            self.eps_high,
-            minibatch.ref_logprobs,
-        )
+    def _objective_terms(self, minibatch: Minibatch) -> tuple[tuple[Any, ...], dict[str, Tensor]]:
+        """What the objective takes besides pi_theta's log-probs: pi_old's, the advantages and the response mask
+        (after the rollout correction, when one is on), the clip range and the reference's log-probs; and the
+        correction's stats (empty when there is nothing to correct with)."""
+        correction = self.rollout_correction
+        if correction.mode != "off" and minibatch.engine_logprobs is None:
+            raise RuntimeError(
+                f"model.rollout_correction.mode={correction.mode!r} needs the engine's log-probs in the minibatch "
+                "(GroupSampler records them with sampler.old_logprobs: recompute)"
+            )
+        advantages, mask, stats = minibatch.advantages, minibatch.response_mask, {}
+        if minibatch.engine_logprobs is not None:
+            corrected = correct_rollout(
+                correction, minibatch.old_logprobs, minibatch.engine_logprobs, advantages, mask, self._sequence_level
+            )
+            advantages, mask, stats = corrected.advantages, corrected.mask, corrected.stats
+        return (minibatch.old_logprobs, advantages, mask, self.eps_low, self.eps_high, minibatch.ref_logprobs), stats
+
+    @property
+    def _sequence_level(self) -> bool:
+        """One ratio per response (GSPO): a rollout correction then weighs responses, not tokens."""
+        return self.objective.ratio == "sequence"
+
+    @property
+    def needs_engine_logprobs(self) -> bool:
+        """Whether the sampler must record the engine's log-probs (a rollout correction is on)."""
+        return self.rollout_correction.mode != "off"
 
 
-    def _policy_scores(self, minibatch: Minibatch) -> tuple[TokenScores, Tensor | None]:
+    def _policy_scores(self, minibatch: Minibatch, terms: tuple[Any, ...]) -> tuple[TokenScores, Tensor | None]:
         """pi_theta's response log-probs, with pi_old's experts forced under Routing Replay; for MoE policies
         also the per-layer fraction of experts pi_theta's routers choose that pi_old's did not."""
         if minibatch.old_routes is None:
@@ -247,13 +275,13 @@ class GSPOModule(pl.LightningModule):
                     "model.routing_replay=true but the minibatch carries no recorded experts: they are recorded "
                     "by the old-policy forward, so set sampler.old_logprobs: recompute"
                 )
-            return self._response_scores(minibatch), None
+            return self._response_scores(minibatch, terms), None
         if self.hparams.routing_replay:
             # Kept open until after backward: activation checkpointing re-runs the forward there.
             routes = self._replay.enter_context(replay_routes(self.policy, minibatch.old_routes))
         else:
             routes = self._replay.enter_context(capture_routes(self.policy, tuple(minibatch.input_ids.shape)))
-        scores = self._response_scores(minibatch)
+        scores = self._response_scores(minibatch, terms)
         current = routes.stacked(layers=minibatch.old_routes.shape[1])  # [n, layers, L, k]
         if not self.hparams.routing_replay:
             self._replay.close()

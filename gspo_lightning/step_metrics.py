@@ -12,6 +12,7 @@ from torch import Tensor
 
 from gspo_lightning.diagnostics import length_bucket_edges, ratio_diagnostics, sequence_ratios
 from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
+from gspo_lightning.objectives import mismatch_stats
 from gspo_lightning.rollout.types import Minibatch
 
 _RATIO_LEVEL = {"sequence": "sequence", "sequence_token": "sequence", "token": "token"}
@@ -73,3 +74,11 @@ def log_expert_change(
     metrics |= per_index_series("moe/expert_change_mb", total, minibatch_index, num_minibatches)
     metrics |= {f"moe/expert_change_frac_layer{layer}": value for layer, value in enumerate(per_layer)}
     log_across_ranks(module, metrics, size)
+
+
+def log_mismatch(module: pl.LightningModule, minibatch: Minibatch, correction_stats: dict[str, Tensor]) -> None:
+    """``mismatch/*``: how far the engine's log-probs are from the trainer's pi_old, and what the rollout
+    correction left out (``masked_frac``) or capped (``truncated_frac``)."""
+    figures = mismatch_stats(minibatch.old_logprobs, minibatch.engine_logprobs, minibatch.response_mask)
+    figures.update(correction_stats)
+    log_across_ranks(module, {f"mismatch/{name}": value for name, value in figures.items()}, len(minibatch))

@@ -15,6 +15,7 @@ it for the next round. ``tensor_parallel_size`` > 1 shards the engine over that 
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
@@ -56,7 +57,7 @@ class VLLMEngine(SamplingEngine):
         enforce_eager: no CUDA graphs (faster start, slower decoding).
         sleep_mode: free the engine's GPU memory between rounds (None: on GPUs yes, on CPUs no, where vLLM has no
             sleep mode).
-        kv_cache_gib: CPU only: GiB of KV cache (``VLLM_CPU_KVCACHE_SPACE``).
+        kv_cache_gib: CPU only: whole GiB of KV cache (``VLLM_CPU_KVCACHE_SPACE``).
         max_model_len: the engine's context length (None: the policy's).
         seed: seeds every request's sampler together with the round and the rank (reproducible runs).
         return_routed_experts: mixture-of-experts policies: have the engine report the experts it routed each token
@@ -73,7 +74,7 @@ class VLLMEngine(SamplingEngine):
         dtype: VLLMDtype = "auto",
         enforce_eager: bool = False,
         sleep_mode: bool | None = None,
-        kv_cache_gib: float = 1.0,
+        kv_cache_gib: int = 1,
         max_model_len: int | None = None,
         seed: int = 0,
         return_routed_experts: bool = False,
@@ -91,7 +92,10 @@ class VLLMEngine(SamplingEngine):
             dtype in ("auto", "float32", "bfloat16", "float16"),
             f"sampler.engine.dtype must be one of ['auto', 'float32', 'bfloat16', 'float16'], got {dtype!r}",
         )
-        require(kv_cache_gib > 0, f"sampler.engine.kv_cache_gib must be > 0, got {kv_cache_gib}")
+        require(
+            isinstance(kv_cache_gib, int) and kv_cache_gib >= 1,
+            f"sampler.engine.kv_cache_gib must be an integer >= 1, got {kv_cache_gib!r}",
+        )
         require(
             max_model_len is None or max_model_len >= 1,
             f"sampler.engine.max_model_len must be >= 1 or null, got {max_model_len}",
@@ -167,10 +171,14 @@ class VLLMEngine(SamplingEngine):
         synced_gpus: bool = False,
         seed: int = 0,
     ) -> EngineSamples:
+        # One request per response, each with its own seed: a request with n > 1 and a seed draws its n samples
+        # from one seeded stream (identical responses). The G requests of a prompt share its prefill through
+        # vLLM's prefix cache.
         prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids, prompt_mask)]
-        params = [self._sampling_params(settings, group_size, with_logprobs, seed + i) for i in range(len(prompts))]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        completions = [completion for output in outputs for completion in output.outputs]  # prompt-major, G each
+        requests = [prompt for prompt in prompts for _ in range(group_size)]  # prompt-major, G each
+        params = [self._sampling_params(settings, with_logprobs, seed + row) for row in range(len(requests))]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        completions = [output.outputs[0] for output in outputs]
         rows = [list(completion.token_ids) for completion in completions]
         device = prompt_ids.device
         response_ids = right_padded(rows, tokenizer.pad_token_id, device)  # [N, R]
@@ -178,11 +186,11 @@ class VLLMEngine(SamplingEngine):
         logprobs = _sampled_logprobs(completions, response_ids.shape[1], device) if with_logprobs else None
         return EngineSamples(response_ids, ended, logprobs)
 
-    def _sampling_params(self, settings: SamplingSettings, group_size: int, with_logprobs: bool, seed: int) -> Any:
+    def _sampling_params(self, settings: SamplingSettings, with_logprobs: bool, seed: int) -> Any:
         vllm = import_vllm()
         greedy = settings.temperature == 0
         return vllm.SamplingParams(
-            n=group_size,
+            n=1,
             temperature=0.0 if greedy else settings.temperature,
             top_p=1.0 if greedy else settings.top_p,
             top_k=0 if greedy or settings.top_k == 0 else settings.top_k,
@@ -205,10 +213,13 @@ class VLLMEngine(SamplingEngine):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
         self._directory = tempfile.mkdtemp(prefix="gspo_lightning_vllm_")
         base = policy.get_base_model() if callable(getattr(policy, "get_base_model", None)) else policy
-        base.config.save_pretrained(self._directory)  # the architecture only: weights come from the trainer
+        config = copy.deepcopy(base.config)
+        config.architectures = [type(base).__name__]  # a model built from a config alone does not name it
+        config.save_pretrained(self._directory)  # the architecture only: weights come from the trainer
         tokenizer.save_pretrained(self._directory)
         options: dict[str, Any] = dict(
             model=self._directory,
+            runner="generate",
             load_format="dummy",
             dtype=_engine_dtype(policy, precision) if self.dtype == "auto" else self.dtype,
             enforce_eager=self.enforce_eager,

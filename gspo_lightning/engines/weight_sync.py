@@ -52,7 +52,8 @@ def policy_weight_groups(policy: nn.Module, fsdp1_root: nn.Module | None = None)
         with _gathered(unit):
             prefix = names[id(layer)]
             yield _merged_lora(layer, prefix, _full(layer.named_parameters(prefix=prefix), unit is not None))
-    rest = [(name, p) for name, p in policy.named_parameters() if id(p) not in in_layers]
+    # Tied weights under every name (the head's as well as the embeddings'): an engine may keep them apart.
+    rest = [(name, p) for name, p in policy.named_parameters(remove_duplicate=False) if id(p) not in in_layers]
     with _gathered(fsdp1_root):
         yield _merged_lora(policy, "", _full(rest, fsdp1_root is not None), skip=layers)
 

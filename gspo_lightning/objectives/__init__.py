@@ -18,6 +18,14 @@ from gspo_lightning.objectives.kl import (
     kl_penalty,
     kl_reward_penalty,
 )
+from gspo_lightning.objectives.rollout_correction import (
+    CORRECTION_MODES,
+    CorrectedTerms,
+    CorrectionMode,
+    RolloutCorrection,
+    correct_rollout,
+    mismatch_stats,
+)
 from gspo_lightning.objectives.spec import (
     AGGREGATIONS,
     OBJECTIVE_PRESETS,
@@ -31,6 +39,12 @@ from gspo_lightning.objectives.spec import (
 
 __all__ = [
     "ADVANTAGE_SCALES",
+    "CORRECTION_MODES",
+    "CorrectedTerms",
+    "CorrectionMode",
+    "RolloutCorrection",
+    "correct_rollout",
+    "mismatch_stats",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "MAX_EXP_LOG_RATIO",

@@ -25,6 +25,7 @@ from gspo_lightning.objectives.clipping import (
     validate_shapes,
 )
 from gspo_lightning.objectives.gspo import sequence_log_ratio
+from gspo_lightning.objectives.gspo_token import per_token_advantages
 
 
 def grpo_token_objective(
@@ -37,13 +38,13 @@ def grpo_token_objective(
     token log-ratio: exact ``exp`` up to a log-ratio of 20, finite beyond it (see that function).
     """
     validate_clip_range(eps_low, eps_high)
-    validate_shapes(logprobs, old_logprobs, advantages, mask)
+    validate_shapes(logprobs, old_logprobs, advantages, mask, per_token_advantages=True)
     token_mask = mask != 0  # [N, T]
     lengths = token_mask.sum(dim=1).float()  # [N]
     valid = lengths > 0  # [N]
     token_ratio = exp_with_linear_tail(token_log_ratio(logprobs, old_logprobs, token_mask))  # [N, T], 1 on padding
     token_objective, clipped_low, clipped_high = clipped_surrogate(
-        token_ratio, advantages.detach().float().unsqueeze(1), eps_low, eps_high
+        token_ratio, per_token_advantages(advantages, token_mask), eps_low, eps_high
     )  # [N, T] each
 
     stats = clip_fraction_stats(
@@ -73,7 +74,8 @@ def grpo_loss(
 
     Args:
         logprobs, old_logprobs, mask: [N, T]; mask nonzero on response tokens (bool, int or float).
-        advantages: [N] one advantage per response, shared by its tokens (Eq. 6).
+        advantages: [N] one advantage per response, shared by its tokens (Eq. 6), or [N, T] one per token (e.g.
+            weighted by a rollout correction).
         eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]``, each in (0, 1).
 
     Returns:

@@ -43,6 +43,7 @@ from gspo_lightning.rollout.sampler_checks import (
     check_data_columns,
     check_module_agrees,
     check_rollout_shape,
+    check_rollout_correction,
     check_routing_replay,
     validate_old_logprobs,
     validate_robustness,
@@ -160,6 +161,8 @@ class GroupSampler(Callback):
         check_rollout_shape(trainer.datamodule, self.group_size, self.num_minibatches)
         check_chat_template(trainer.datamodule, getattr(pl_module, "tokenizer", None))
         check_routing_replay(bool(getattr(pl_module, "routing_replay", False)), self.old_logprobs)
+        correction = getattr(pl_module, "rollout_correction", None)
+        check_rollout_correction(getattr(correction, "mode", "off"), self.old_logprobs)
         check_data_columns(trainer.datamodule, self.rewards, "train", "sampler.rewards")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

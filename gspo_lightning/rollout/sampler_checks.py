@@ -138,6 +138,15 @@ def check_module_agrees(module: Any, temperature: float, max_new_tokens: int) ->
     )
 
 
+def check_rollout_correction(correction_mode: str, old_logprobs: str) -> None:
+    """A rollout correction compares the trainer's pi_old with the engine's log-probs: pi_old must be recomputed."""
+    require(
+        correction_mode == "off" or old_logprobs == "recompute",
+        f"model.rollout_correction.mode={correction_mode!r} compares the trainer's pi_old with the engine's "
+        f"log-probs, so it needs sampler.old_logprobs: recompute, got sampler.old_logprobs: {old_logprobs!r}",
+    )
+
+
 OldLogprobSource = Literal["recompute", "engine"]
 
 
