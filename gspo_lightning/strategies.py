@@ -35,7 +35,8 @@ def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or [])
-    classes = {type(module) for module in model.modules() if type(module).__name__ in names}
+    # By any class in the MRO: FSDP2 turns each sharded layer's class into a subclass (FSDPQwen3DecoderLayer).
+    classes = {type(m) for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)}
     if not classes:
         raise ValueError(
             f"cannot find the decoder layers of {type(model).__name__}: no module class named in its "

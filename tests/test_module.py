@@ -218,3 +218,35 @@ def test_hugging_face_gradient_checkpointing_is_replaced_by_one_that_works_in_ev
     assert not (policy.is_activation_checkpointing if hasattr(policy, "activation_checkpointing_enable")
                 else policy.is_gradient_checkpointing)  # fmt: skip
     assert sum(isinstance(m, CheckpointWrapper) for m in module.policy.modules()) == TINY["num_layers"]
+
+
+def test_a_rollout_correction_reweights_the_objective_and_logs_the_mismatch():
+    from gspo_lightning.engines import HFEngine
+    from gspo_lightning.objectives import RolloutCorrection, correct_rollout
+
+    module = GSPOModule(TinyQwen3(**TINY), rollout_correction=RolloutCorrection("tis", 2.0), max_new_tokens=4)
+    module.configure_model()
+    module.on_fit_start()
+    assert module.needs_engine_logprobs
+    # a bfloat16 sampling pass stands in for an engine whose log-probs differ from the trainer's
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=1, max_new_tokens=4,
+                           engine=HFEngine(sampling_dtype="bfloat16"))  # fmt: skip
+    batch = PromptBatch(["1+1=", "2+2="], {"answer": ["2", "4"]}, num_minibatches=1)
+    torch.manual_seed(0)
+    rollout = sampler.sample(module, batch.prompts, batch.columns)
+    minibatch = split_minibatches(rollout, 1, module.policy)[0]
+    minibatch.advantages = torch.linspace(-1.0, 1.0, len(minibatch))
+    assert minibatch.engine_logprobs is not None and not torch.equal(minibatch.engine_logprobs, minibatch.old_logprobs)
+    batch.minibatch = minibatch
+    logged = {}
+    module.log = lambda name, value, **kwargs: logged.__setitem__(name, value)
+    loss = module.training_step(batch, 0)
+    corrected = correct_rollout(module.rollout_correction, minibatch.old_logprobs, minibatch.engine_logprobs,
+                                minibatch.advantages, minibatch.response_mask, sequence_level=True)  # fmt: skip
+    from gspo_lightning.objectives import objective_loss
+
+    expected, _ = objective_loss(module.objective, minibatch.old_logprobs, minibatch.old_logprobs,
+                                 corrected.advantages, corrected.mask, module.eps_low, module.eps_high)  # fmt: skip
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-7)  # on-policy: s_i = 1
+    assert not torch.allclose(corrected.advantages, minibatch.advantages)  # the weights did something
+    assert logged["mismatch/kl"] > 0 and "mismatch/log_ratio_p95" in logged and "mismatch/truncated_frac" in logged

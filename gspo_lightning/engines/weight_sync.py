@@ -35,7 +35,7 @@ def hf_name(name: str) -> str:
 
 
 def policy_weight_groups(policy: nn.Module, fsdp1_root: nn.Module | None = None) -> Iterator[WeightGroup]:
-    """The policy's weights, one decoder layer at a time, then the rest (embeddings, final norm, head).
+    """The policy's weights: the embeddings, final norm and head, then one decoder layer at a time.
 
     Args:
         policy: the Hugging Face causal LM (possibly peft-wrapped, FSDP2-sharded, or inside an FSDP1 root).
@@ -46,16 +46,16 @@ def policy_weight_groups(policy: nn.Module, fsdp1_root: nn.Module | None = None)
     layers = _decoder_layers(policy)
     names = {id(module): name for name, module in policy.named_modules()}
     in_layers = {id(p) for layer in layers for p in layer.parameters()}
+    # Tied weights under every name (the head's as well as the embeddings'): an engine may keep them apart.
+    rest = [(name, p) for name, p in policy.named_parameters(remove_duplicate=False) if id(p) not in in_layers]
+    with _gathered(fsdp1_root):  # first: FSDP1 initialises its root on the first gather
+        yield _merged_lora(policy, "", _full(rest, fsdp1_root is not None), skip=layers)
     parents = _parents(fsdp1_root) if fsdp1_root is not None else {}
     for layer in layers:
         unit = _enclosing_fsdp_unit(layer, parents) if fsdp1_root is not None else None
         with _gathered(unit):
             prefix = names[id(layer)]
             yield _merged_lora(layer, prefix, _full(layer.named_parameters(prefix=prefix), unit is not None))
-    # Tied weights under every name (the head's as well as the embeddings'): an engine may keep them apart.
-    rest = [(name, p) for name, p in policy.named_parameters(remove_duplicate=False) if id(p) not in in_layers]
-    with _gathered(fsdp1_root):
-        yield _merged_lora(policy, "", _full(rest, fsdp1_root is not None), skip=layers)
 
 
 def _decoder_layers(policy: nn.Module) -> list[nn.Module]:

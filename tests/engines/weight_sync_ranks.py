@@ -1,0 +1,54 @@
+"""Gather the policy's weights for an engine under a 2-rank strategy, as the vLLM engine does before a round.
+
+    python tests/engines/weight_sync_ranks.py --strategy fsdp2 --out weights
+
+Each rank writes ``<out>.rank<r>.pt``: the gathered weights (every rank gets the full tensors), and the largest
+group it held at once (in elements).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from gspo_lightning.engines.vllm_engine import _fsdp1_root  # noqa: E402
+from gspo_lightning.engines.weight_sync import policy_weight_groups  # noqa: E402
+from gspo_lightning.models import TinyQwen3  # noqa: E402
+from tests.distributed.one_step import STRATEGIES, TINY, FixedBatches, SGDModule, global_minibatch  # noqa: E402
+
+
+class Gather(pl.Callback):
+    def on_train_start(self, trainer, pl_module):
+        weights, largest = {}, 0
+        with torch.no_grad():
+            for group in policy_weight_groups(pl_module.policy, _fsdp1_root(trainer)):
+                largest = max(largest, sum(tensor.numel() for _, tensor in group))
+                weights.update({name: tensor.detach().clone().cpu() for name, tensor in group})
+        torch.save({"weights": weights, "largest": largest}, f"{self.out}.rank{trainer.global_rank}.pt")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategy", choices=sorted(STRATEGIES), required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    loader = TinyQwen3(**TINY)
+    module = SGDModule(policy=loader, objective="gspo", lr=0.5, log_entropy=False)
+    gather = Gather()
+    gather.out = args.out
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy=STRATEGIES[args.strategy](), max_steps=1, logger=False,
+        use_distributed_sampler=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[gather],
+    )  # fmt: skip
+    trainer.fit(module, datamodule=FixedBatches(global_minibatch(loader)))
+
+
+if __name__ == "__main__":
+    main()
