@@ -54,7 +54,8 @@ class VLLMEngine(SamplingEngine):
             per rank (DDP, FSDP1, FSDP2); > 1: vLLM's ``external_launcher`` shards it over consecutive ranks.
         dtype: the engine's weights and activations: ``auto`` (the policy's), ``float32``, ``bfloat16``,
             ``float16``.
-        enforce_eager: no CUDA graphs (faster start, slower decoding).
+        enforce_eager: no CUDA graphs or compilation (faster start, slower decoding); None: eager on CPUs, graphs on
+            GPUs.
         sleep_mode: free the engine's GPU memory between rounds (None: on GPUs yes, on CPUs no, where vLLM has no
             sleep mode).
         kv_cache_gib: CPU only: whole GiB of KV cache (``VLLM_CPU_KVCACHE_SPACE``).
@@ -72,7 +73,7 @@ class VLLMEngine(SamplingEngine):
         gpu_memory_utilization: float = 0.3,
         tensor_parallel_size: int = 1,
         dtype: VLLMDtype = "auto",
-        enforce_eager: bool = False,
+        enforce_eager: bool | None = None,
         sleep_mode: bool | None = None,
         kv_cache_gib: int = 1,
         max_model_len: int | None = None,
@@ -115,6 +116,7 @@ class VLLMEngine(SamplingEngine):
         self._sleep_enabled = False
         self._directory: str | None = None
         self._fsdp1_root: nn.Module | None = None
+        self._world_size = 1
 
     # ----- lifecycle -----
 
@@ -128,6 +130,7 @@ class VLLMEngine(SamplingEngine):
             f"rank(s) (allowed: the divisors of {world})",
         )
         self._fsdp1_root = _fsdp1_root(trainer)
+        self._world_size = world
         precision = str(getattr(trainer, "precision", "32-true"))
         self.llm = self._build(pl_module.policy, pl_module.tokenizer, pl_module.device, precision)
         self.sync_weights(trainer, pl_module)
@@ -222,7 +225,7 @@ class VLLMEngine(SamplingEngine):
             runner="generate",
             load_format="dummy",
             dtype=_engine_dtype(policy, precision) if self.dtype == "auto" else self.dtype,
-            enforce_eager=self.enforce_eager,
+            enforce_eager=self.enforce_eager if self.enforce_eager is not None else device.type != "cuda",
             seed=self.seed,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
@@ -231,7 +234,9 @@ class VLLMEngine(SamplingEngine):
         )
         if device.type == "cuda":
             options["gpu_memory_utilization"] = self.gpu_memory_utilization
-        if self.tensor_parallel_size > 1:
+        if self._world_size > 1:
+            # Every training rank runs its engine (or its share of one, tensor_parallel_size > 1) in its own
+            # process, inside the torch.distributed world Lightning already set up.
             options["distributed_executor_backend"] = "external_launcher"
         if self.max_model_len is not None:
             options["max_model_len"] = self.max_model_len
