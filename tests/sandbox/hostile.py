@@ -5,7 +5,8 @@ score of 0 is the proof that it was contained; the other attacks answer wrongly 
 checks what they tried to leave behind (processes, changed files, a poisoned slot, a failed batch).
 
 Placeholders, filled in by the suite: VICTIMS (the victims' folder), SAMPLE (the packaged data set), PROJECT (this
-source tree), VENV (the trainer's environment), TRAINER_PID, DISK_MB, MAX_FILES, MEMORY_MB.
+source tree), VENV (the trainer's environment), TRAINER_PID, HOST_ACCOUNT (a user of the host's /etc/passwd),
+DISK_MB, MAX_FILES, MEMORY_MB.
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ def add(a, b):
 """),
     Hostile("reads_etc_passwd", "3 reading the host", """
 try:
-    ok = 'root:' in open('/etc/passwd').read()
+    ok = 'HOST_ACCOUNT:' in open('/etc/passwd').read()
 except OSError:
     ok = False
 def add(a, b):
@@ -437,14 +438,15 @@ def add(a, b):
 
 MORE = [
     Hostile("inherited_descriptors", "more: leaks into the program", """
-import os
+import os, sys
 ok = False
+own = os.fstat(sys.stdout.fileno())  # the harness's /dev/null for the solution's prints
 for fd in range(3, 256):
     try:
-        os.fstat(fd)
-        ok = True
+        found = os.fstat(fd)
     except OSError:
-        pass
+        continue
+    ok = ok or (found.st_dev, found.st_ino) != (own.st_dev, own.st_ino)
 def add(a, b):
     return a + b if ok else None
 """),
@@ -498,7 +500,7 @@ def add(a, b):
 """),
     Hostile("writes_outside_its_folder", "more: files", """
 ok = False
-for path in ('VICTIMS/drop/escaped', '/tmp/gspo-escaped', 'PROJECT/escaped', 'VICTIMS/runs/exp/checkpoints/last.ckpt'):
+for path in ('VICTIMS/drop/escaped', 'PROJECT/escaped', 'VICTIMS/runs/exp/checkpoints/last.ckpt', '/etc/passwd-'):
     try:
         open(path, 'a').write('x')
         ok = True

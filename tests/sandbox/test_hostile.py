@@ -37,6 +37,10 @@ from tests.sandbox.hostile import ALL, Hostile
 pytestmark = needs_isolation
 
 MEMORY_MB, DISK_MB, MAX_FILES = 256, 32, 1000
+# an account of this host other than the two the sandbox's own /etc/passwd lists
+HOST_ACCOUNT = next(
+    line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines() if line.split(":")[0] not in ("root", "sandbox")
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +71,7 @@ def fill(source: str, victims: Victims) -> str:
         "DISK_MB": str(DISK_MB),
         "MAX_FILES": str(MAX_FILES),
         "MEMORY_MB": str(MEMORY_MB),
+        "HOST_ACCOUNT": HOST_ACCOUNT,
     }
     for placeholder, value in values.items():
         source = source.replace(placeholder, value)
