@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gspo_lightning.sandbox import ISOLATIONS, Isolation, Sandbox, SandboxLimits, SandboxResult, SandboxUnavailableError
-from gspo_lightning.sandbox.launcher.protocol import limits_problem
+from gspo_lightning.sandbox.spec import limits_problem
 
 logger = logging.getLogger(__name__)
 

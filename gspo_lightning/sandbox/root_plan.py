@@ -20,7 +20,7 @@ import sys
 import sysconfig
 import tempfile
 
-from gspo_lightning.sandbox.launcher.protocol import RootPlan
+from gspo_lightning.sandbox.spec import RootPlan
 
 _PROBE = r"""
 import importlib, json, os, sys, sysconfig

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -24,8 +25,8 @@ from pathlib import Path
 from gspo_lightning.sandbox.cgroups import CgroupLimits, RunCgroup, cgroup_unavailable_reason, find_hierarchies
 from gspo_lightning.sandbox.containment import ISOLATIONS, Containment, Isolation, RunMode, decide
 from gspo_lightning.sandbox.hostdir import make_private_folder, remove_tree
-from gspo_lightning.sandbox.launcher.protocol import WORKDIR, LaunchSpec, Outcome, SandboxLimits
 from gspo_lightning.sandbox.root_plan import base_interpreter, minimal_root_plan
+from gspo_lightning.sandbox.spec import WORKDIR, LaunchSpec, Outcome, SandboxLimits
 from gspo_lightning.sandbox.uids import UidLease, lease_uid
 
 _LAUNCHER = str(Path(__file__).with_name("launcher"))
@@ -183,7 +184,7 @@ class Sandbox:
 
     def _launch(self, spec: LaunchSpec, stdin: str, slot: _Slot) -> SandboxResult:
         streams = [_memory_file("stdin", stdin.encode()), _memory_file("stdout"), _memory_file("stderr")]
-        spec_file, status = _memory_file("spec", spec.to_json()), _memory_file("status")
+        spec_file, status = _memory_file("spec", spec.to_wire()), _memory_file("status")
         held = [spec_file, status] + ([slot.uid.descriptor] if slot.uid else [])
         oom_before = slot.cgroup.oom_kills() if slot.cgroup else 0
         start = time.monotonic()
@@ -198,13 +199,11 @@ class Sandbox:
                 close_fds=True,
                 start_new_session=True,  # a signal meant for the trainer's terminal does not reach it
             )
-            try:
-                process.wait(timeout=spec.limits.wall_time_s + _LAUNCHER_GRACE_S)
-            except subprocess.TimeoutExpired:  # never expected: killing it takes the run's init with it
-                process.kill()
+            if not _exited_within(process, spec.limits.wall_time_s + _LAUNCHER_GRACE_S):
+                process.kill()  # never expected; killing it takes the run's init, so the whole run, with it
                 process.wait()
             wall = time.monotonic() - start
-            outcome = Outcome.from_lines(os.pread(status, 1 << 16, 0))
+            outcome = Outcome.from_wire(os.pread(status, 1 << 16, 0))
             stdout, stderr, truncated = _read_outputs(streams[1], streams[2], spec.limits.output_bytes)
         finally:
             for descriptor in (*streams, spec_file, status):
@@ -256,6 +255,25 @@ class Sandbox:
             self._slots.remove(slot)
         slot.release()
         raise RuntimeError(f"processes were left in the sandbox cgroup {slot.cgroup.folders} after a run")
+
+
+def _exited_within(process: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait for ``process``; woken by its exit (a pidfd), not by polling as ``Popen.wait(timeout)`` does."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # Linux < 5.3
+        try:
+            process.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout_s)
+    finally:
+        os.close(pidfd)
+    if ready:
+        process.wait()
+    return bool(ready)
 
 
 def _memory_file(name: str, content: bytes = b"") -> int:

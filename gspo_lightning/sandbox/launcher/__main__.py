@@ -29,9 +29,9 @@ import os
 import signal
 import sys
 import time
+from types import SimpleNamespace
 
 from program import exec_program
-from protocol import ISOLATION_FAILED, LaunchSpec, Outcome
 from rootfs import enter_minimal_root, write_program_files
 from syscalls import (
     CLONE_NEWIPC,
@@ -45,6 +45,7 @@ from syscalls import (
     prctl,
     unshare,
 )
+from wire import ISOLATION_FAILED, SETUP_FAILED, read_spec, write_outcome
 
 
 def _enter_namespaces() -> None:
@@ -59,7 +60,7 @@ def _enter_namespaces() -> None:
                 handle.write(text)
 
 
-def _init(spec: LaunchSpec, alive: int, cgroup_procs: list[int], status: int) -> None:
+def _init(spec: SimpleNamespace, alive: int, cgroup_procs: list[int], status: int) -> None:
     """PID 1 of the run: die with the launcher, build the root, start the program, reap. Never returns."""
     try:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "parent-death signal")
@@ -71,12 +72,15 @@ def _init(spec: LaunchSpec, alive: int, cgroup_procs: list[int], status: int) ->
         else:
             os.setsid()  # the launcher kills this group when the run ends
     except (OSError, SetupError) as error:
-        os.write(status, Outcome(stage="isolation", error=f"sandbox isolation failed: {error}").to_line())
+        write_outcome(status, stage="isolation", error=f"sandbox isolation failed: {error}")
         os._exit(ISOLATION_FAILED)
     program = os.fork()
     if program == 0:
-        os.close(alive)
-        exec_program(spec, cgroup_procs, status)
+        try:
+            os.close(alive)
+            exec_program(spec, cgroup_procs, status)
+        finally:  # a forked child never returns into init's code
+            os._exit(SETUP_FAILED)
     for descriptor in (alive, *cgroup_procs, status):
         os.close(descriptor)
     while True:
@@ -115,7 +119,7 @@ def _wait(init: int, wall_time_s: float) -> tuple[int, bool]:
         signal.sigtimedwait([signal.SIGCHLD], min(remaining, 1.0))
 
 
-def _kill_leftovers(spec: LaunchSpec, init: int) -> None:
+def _kill_leftovers(spec: SimpleNamespace, init: int) -> None:
     """Without a PID namespace: init's process group, then every process of the program's own uid."""
     try:
         os.killpg(init, signal.SIGKILL)
@@ -139,8 +143,7 @@ def _kill_leftovers(spec: LaunchSpec, init: int) -> None:
 
 def main() -> int:
     spec_fd, status, *held = map(int, sys.argv[1:])
-    with os.fdopen(spec_fd, "rb") as handle:
-        spec = LaunchSpec.from_json(handle.read())
+    spec = read_spec(spec_fd)
     for descriptor in (status, *held):  # kept open by this process and init, closed in the program at exec
         os.set_inheritable(descriptor, False)
     try:
@@ -150,24 +153,27 @@ def main() -> int:
             write_program_files(spec.workdir, spec)
         cgroup_procs = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in spec.cgroup_procs]
     except (OSError, SetupError) as error:
-        os.write(status, Outcome(stage="isolation", error=f"sandbox isolation failed: {error}").to_line())
+        write_outcome(status, stage="isolation", error=f"sandbox isolation failed: {error}")
         return ISOLATION_FAILED
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # for sigtimedwait; init unblocks it for the program
     alive, alive_writer = os.pipe()
     init = os.fork()
     if init == 0:
-        os.close(alive_writer)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        _init(spec, alive, cgroup_procs, status)
+        try:
+            os.close(alive_writer)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+            _init(spec, alive, cgroup_procs, status)
+        finally:  # a forked child never returns into the launcher's code
+            os._exit(ISOLATION_FAILED)
     os.close(alive)
     for descriptor in cgroup_procs:
         os.close(descriptor)
     wait_status, timed_out = _wait(init, spec.limits.wall_time_s)
     if not spec.isolate:
         _kill_leftovers(spec, init)
-    os.write(status, Outcome(exit_code=_exit_code(wait_status), timed_out=timed_out).to_line())
+    write_outcome(status, exit_code=_exit_code(wait_status), timed_out=timed_out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    os._exit(main())  # nothing to flush or finalise: skip the interpreter's shutdown

@@ -19,16 +19,17 @@ from __future__ import annotations
 import os
 import resource
 import signal
+from types import SimpleNamespace
 
 import seccomp
 import syscalls
-from protocol import SETUP_FAILED, LaunchSpec, Outcome
 from syscalls import PR_SET_NO_NEW_PRIVS, SetupError
+from wire import SETUP_FAILED, write_outcome
 
 _DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD)
 
 
-def exec_program(spec: LaunchSpec, cgroup_procs: list[int], status: int) -> None:
+def exec_program(spec: SimpleNamespace, cgroup_procs: list[int], status: int) -> None:
     """Contain this process and replace it by the program. Never returns."""
     try:
         for descriptor in cgroup_procs:
@@ -49,8 +50,8 @@ def exec_program(spec: LaunchSpec, cgroup_procs: list[int], status: int) -> None
             os.chdir(spec.workdir)
         if spec.seccomp:
             seccomp.install_filter()
-    except (OSError, ValueError, SetupError) as error:
-        _fail(status, f"sandbox setup failed: {error}")
+    except Exception as error:  # noqa: BLE001 - whatever it is, nothing of the program may run
+        _fail(status, f"sandbox setup failed: {type(error).__name__}: {error}")
     try:
         os.execve(spec.argv[0], spec.argv, spec.env)
     except OSError as error:
@@ -58,11 +59,11 @@ def exec_program(spec: LaunchSpec, cgroup_procs: list[int], status: int) -> None
 
 
 def _fail(status: int, message: str) -> None:
-    os.write(status, Outcome(stage="setup", error=message).to_line())
+    write_outcome(status, stage="setup", error=message)
     os._exit(SETUP_FAILED)
 
 
-def _apply_limits(spec: LaunchSpec) -> None:
+def _apply_limits(spec: SimpleNamespace) -> None:
     limits = spec.limits
     cpu = limits.cpu_time_s
     memory = limits.memory_mb * 2**20

@@ -12,8 +12,9 @@ files are gone too, without anyone walking them.
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
-from protocol import WORKDIR, LaunchSpec, RootPlan
+
 from syscalls import (
     CLONE_NEWNS,
     MS_BIND,
@@ -42,8 +43,8 @@ _KEPT_FLAGS = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC
                (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME))  # fmt: skip
 
 
-def enter_minimal_root(spec: LaunchSpec) -> None:
-    """Build the run's root from ``spec.root`` and make it this process's ``/``; cwd becomes the workdir."""
+def enter_minimal_root(spec: SimpleNamespace) -> None:
+    """Build the run's root from ``spec.root`` (a ``LaunchSpec`` as sent) and make it ``/``; cwd: the workdir."""
     plan = spec.root
     if plan is None:
         raise SetupError("isolated run without a root plan")
@@ -63,7 +64,7 @@ def enter_minimal_root(spec: LaunchSpec) -> None:
     os.chdir(spec.workdir)
 
 
-def _cap_what_is_left(new_root: str, spec: LaunchSpec) -> None:
+def _cap_what_is_left(new_root: str, spec: SimpleNamespace) -> None:
     """Shrink the tmpfs to exactly ``disk_mb`` and ``max_files`` beyond what the root itself holds now."""
     usage = os.statvfs(new_root)
     used_bytes = (usage.f_blocks - usage.f_bfree) * usage.f_frsize
@@ -72,7 +73,7 @@ def _cap_what_is_left(new_root: str, spec: LaunchSpec) -> None:
     mount(None, new_root, None, MS_REMOUNT | MS_NOSUID | MS_NODEV, f"size={size},nr_inodes={inodes}")
 
 
-def _populate(new_root: str, plan: RootPlan, spec: LaunchSpec) -> None:
+def _populate(new_root: str, plan: SimpleNamespace, spec: SimpleNamespace) -> None:
     for path, text in plan.symlinks:
         _make_parents(new_root, path)
         if not os.path.lexists(new_root + path):
@@ -87,12 +88,12 @@ def _populate(new_root: str, plan: RootPlan, spec: LaunchSpec) -> None:
         os.makedirs(new_root + path, exist_ok=True)
         os.chmod(new_root + path, mode)
     uid, gid = spec.run_as or (os.getuid(), os.getgid())
-    _write(new_root + "/etc/passwd", f"root:x:0:0::/:/nonexistent\nsandbox:x:{uid}:{gid}::{WORKDIR}:/nonexistent\n")
+    _write(new_root + "/etc/passwd", f"root:x:0:0::/:/nonexistent\nsandbox:x:{uid}:{gid}::{spec.workdir}:/nonexistent\n")
     _write(new_root + "/etc/group", f"root:x:0:\nsandbox:x:{gid}:\n")
     write_program_files(new_root + spec.workdir, spec)
 
 
-def write_program_files(workdir: str, spec: LaunchSpec) -> None:
+def write_program_files(workdir: str, spec: SimpleNamespace) -> None:
     """The working directory, private to the program's user, with the program's files in it."""
     uid, gid = spec.run_as or (os.getuid(), os.getgid())
     os.makedirs(workdir, mode=0o700, exist_ok=True)

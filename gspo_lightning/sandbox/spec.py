@@ -1,19 +1,14 @@
-"""What the trainer and the launcher tell each other: the limits and plan of a run going in, its outcome coming out.
+"""What the trainer tells the launcher about a run (limits, plan), and what it hears back (the outcome).
 
-Standard library only, and importing nothing else of the package: the launcher imports this module as a plain
-top-level module (``python -I -S <this folder>``), the trainer as ``gspo_lightning.sandbox.launcher.protocol``.
-Both ends build and read the same dataclasses, sent as JSON through descriptors the trainer hands the launcher.
+The launcher reads the same field names from the wire form (``launcher/wire.py``): keep the two in step.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, fields
+import marshal
+from dataclasses import asdict, dataclass
 
-ISOLATION_FAILED = 125
-"""Launcher exit status when the namespaces or the minimal root could not be set up; nothing was run."""
-SETUP_FAILED = 126
-"""Exit status when the program's limits, credentials or filter could not be applied; nothing was run."""
+from gspo_lightning.sandbox.launcher.wire import read_outcomes
 
 WORKDIR = "/work"
 """The program's working directory as it sees it, when isolated."""
@@ -115,20 +110,8 @@ class LaunchSpec:
     cgroup_procs: tuple[str, ...] = ()
     root: RootPlan | None = None
 
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> LaunchSpec:
-        raw = json.loads(data)
-        raw["limits"] = SandboxLimits(**raw["limits"])
-        if raw["root"] is not None:
-            root = raw["root"]
-            root["symlinks"] = tuple(tuple(pair) for pair in root["symlinks"])
-            raw["root"] = RootPlan(**{name: _tuple(root[name]) for name in _names(RootPlan)})
-        raw["run_as"] = _tuple(raw["run_as"])
-        raw["cgroup_procs"] = _tuple(raw["cgroup_procs"])
-        return cls(**raw)
+    def to_wire(self) -> bytes:
+        return marshal.dumps(asdict(self))
 
 
 @dataclass
@@ -147,27 +130,12 @@ class Outcome:
     exit_code: int | None = None
     timed_out: bool = False
 
-    def to_line(self) -> bytes:
-        return (json.dumps(asdict(self)) + "\n").encode()
-
     @classmethod
-    def from_lines(cls, data: bytes) -> Outcome:
-        """The last complete record wins; a setup error recorded earlier (by the run's init) is kept."""
+    def from_wire(cls, data: bytes) -> Outcome:
+        """The launcher's last record wins; a setup error recorded earlier (by init or the program) is kept."""
         outcome = cls()
-        for line in data.decode(errors="replace").splitlines():
-            try:
-                record = cls(**json.loads(line))
-            except (ValueError, TypeError):
-                continue
-            if outcome.error is not None and record.error is None:
-                record.stage, record.error = outcome.stage, outcome.error
-            outcome = record
+        for record in read_outcomes(data):
+            error = record.get("error") or outcome.error
+            stage = record.get("stage") or outcome.stage
+            outcome = cls(stage, error, record.get("exit_code"), bool(record.get("timed_out")))
         return outcome
-
-
-def _names(cls: type) -> list[str]:
-    return [item.name for item in fields(cls)]
-
-
-def _tuple(value):
-    return tuple(value) if isinstance(value, list) else value
