@@ -6,7 +6,9 @@ Steps, each probed once per trainer process:
   built in them (no host file, socket or process visible; nothing outlives the run's PID namespace);
 - ``seccomp``: the system-call filter (no nested namespaces, mounts, keyrings, ptrace ...);
 - ``cgroup``: a per-run cgroup capping the memory and process count of the whole run;
-- ``uids``: when the trainer is root, an unprivileged uid per concurrent run, unique machine-wide.
+- ``uids``: when the trainer is root, an unprivileged uid per concurrent run, unique machine-wide;
+- ``shared_interpreter``: other users can run the base interpreter from the host's file system (needed for a
+  per-run uid without namespaces, where nothing is bound in).
 
 ``isolation: required`` needs ``namespaces`` and ``seccomp`` (and ``uids`` as root) and refuses to run without
 them; a missing ``cgroup`` has a documented fallback (``memory_mb`` per process x ``processes``) and is only
@@ -31,12 +33,14 @@ _FALLBACKS = {
     "cgroup": "memory is capped per process (RLIMIT_AS = memory_mb), so a run may use up to memory_mb x "
     "processes, plus its disk; the process count is capped per uid (RLIMIT_NPROC)",
     "uids": "the program runs as the trainer's user",
+    "shared_interpreter": "without namespaces the program runs as the trainer's user (root), with the limits only",
 }
 _NAMES = {
     "namespaces": "network/mount/PID namespaces and the minimal root",
     "seccomp": "the system-call filter (seccomp)",
     "cgroup": "a per-run memory and process cgroup",
     "uids": "per-run unprivileged uids",
+    "shared_interpreter": "an interpreter other users can run",
 }
 
 
@@ -52,6 +56,7 @@ class Containment:
     seccomp: str | None
     cgroup: str | None
     uids: str | None
+    shared_interpreter: str | None = None
 
     def missing(self) -> dict[str, str]:
         return {step: reason for step, reason in vars(self).items() if reason is not None}
@@ -76,6 +81,8 @@ def decide(isolation: Isolation, containment: Containment, is_root: bool) -> Run
     missing = containment.missing()
     if not is_root:
         missing.pop("uids", None)
+    if not is_root or "namespaces" not in missing:  # only a root trainer's fallback needs it
+        missing.pop("shared_interpreter", None)
     if isolation == "off":
         return RunMode(isolate=False, seccomp=False, cgroup="cgroup" not in missing, own_uids=False)
     required_missing = {step: missing[step] for step in ("namespaces", "seccomp", "uids") if step in missing}
@@ -93,5 +100,5 @@ def decide(isolation: Isolation, containment: Containment, is_root: bool) -> Run
         isolate="namespaces" not in missing,
         seccomp="seccomp" not in missing,
         cgroup="cgroup" not in missing,
-        own_uids=is_root and "uids" not in missing,
+        own_uids=is_root and "uids" not in missing and "shared_interpreter" not in missing,
     )

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# what a still-running program could have done to an entry between two steps of the removal
+_CHANGED_MEANWHILE = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.ELOOP, errno.ENOENT)
 
 
 def make_private_folder(program_uid: int | None) -> Path:
@@ -59,7 +61,12 @@ def _empty(top: int, deadline: float) -> bool:
             if not entry.is_dir(follow_symlinks=False):
                 _unlink(top, entry.name)
                 continue
-            folder = _open_folder(top, entry.name)
+            try:
+                folder = _open_folder(top, entry.name)
+            except OSError as error:  # no longer a folder (swapped for a link): the next pass unlinks it
+                if error.errno not in _CHANGED_MEANWHILE:
+                    raise
+                continue
             try:
                 for inner in list(os.scandir(folder)):
                     if inner.is_dir(follow_symlinks=False):
@@ -70,8 +77,8 @@ def _empty(top: int, deadline: float) -> bool:
                 os.close(folder)
             try:
                 os.rmdir(entry.name, dir_fd=top)
-            except OSError as error:  # refilled meanwhile: the next pass takes it again
-                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            except OSError as error:  # refilled or swapped meanwhile: the next pass takes it again
+                if error.errno not in _CHANGED_MEANWHILE:
                     raise
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 import struct
 import subprocess
 import sys
@@ -155,6 +156,22 @@ def _inside(path: str, folder: str) -> bool:
 
 def _existing(paths: list[str]) -> set[str]:
     return {path for path in paths if os.path.exists(path)}
+
+
+def unreachable_by_others() -> str | None:
+    """Why a program under another, unprivileged uid could not run the base interpreter from the host's file
+    system (outside a mount namespace), or None: every folder on the way must let others through, the
+    interpreter and the standard library let them read."""
+    stdlib = os.path.realpath(sysconfig.get_path("stdlib"))
+    for path in (base_interpreter(), stdlib):
+        folder = os.path.dirname(path)
+        while folder != "/":
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return f"{folder} (on the way to {path}) is closed to other users"
+            folder = os.path.dirname(folder)
+        if not os.stat(path).st_mode & stat.S_IROTH:
+            return f"{path} is not readable by other users"
+    return None
 
 
 def _mount_point() -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 from gspo_lightning.sandbox.cgroups import CgroupLimits, RunCgroup, cgroup_unavailable_reason, find_hierarchies
 from gspo_lightning.sandbox.containment import ISOLATIONS, Containment, Isolation, RunMode, decide
 from gspo_lightning.sandbox.hostdir import make_private_folder, remove_tree
-from gspo_lightning.sandbox.root_plan import base_interpreter, minimal_root_plan
+from gspo_lightning.sandbox.root_plan import base_interpreter, minimal_root_plan, unreachable_by_others
 from gspo_lightning.sandbox.spec import WORKDIR, LaunchSpec, Outcome, SandboxLimits
 from gspo_lightning.sandbox.uids import UidLease, lease_uid
 
@@ -151,16 +151,16 @@ class Sandbox:
         slot = self._take_slot(mode)
         private = None if mode.isolate else make_private_folder(slot.uid.uid if slot.uid else None)
         try:
-            spec = self._spec(files, entry, mode, slot, private)
-            return self._launch(spec, stdin, slot)
+            return self._launch(self._spec(files, entry, mode, slot, private), stdin, slot)
         finally:
+            emptied = self._empty(slot)  # before its files are touched
             if private is not None and not remove_tree(private, time.monotonic() + _CLEANUP_S):
                 raise RuntimeError(f"sandbox folder {private} could not be removed within {_CLEANUP_S} s")
-            self._give_back(slot)
+            self._give_back(slot, emptied)
 
     def _spec(self, files: dict, entry: str, mode: RunMode, slot: _Slot, private: Path | None) -> LaunchSpec:
         workdir = WORKDIR if mode.isolate else str(private / "work")
-        python = base_interpreter() if mode.isolate else sys.executable
+        python = sys.executable if self.isolation == "off" else base_interpreter()  # off: trusted, its packages
         env = {
             "PATH": "/usr/bin:/bin",
             "HOME": workdir,
@@ -246,10 +246,13 @@ class Sandbox:
         limits = CgroupLimits(self.limits.memory_mb * 2**20, self.limits.processes)
         return RunCgroup(name, find_hierarchies()[0], limits)
 
-    def _give_back(self, slot: _Slot) -> None:
-        reusable = slot.cgroup is None or slot.cgroup.empty(time.monotonic() + 5)
+    def _empty(self, slot: _Slot) -> bool:
+        """Whether the slot's cgroup is empty (after killing what is left: nothing, unless not isolated)."""
+        return slot.cgroup is None or slot.cgroup.empty(time.monotonic() + 5)
+
+    def _give_back(self, slot: _Slot, emptied: bool) -> None:
         with self._lock:
-            if reusable:
+            if emptied:
                 self._free.append(slot)
                 return
             self._slots.remove(slot)
@@ -299,21 +302,22 @@ def probe_containment() -> Containment:
     if not sys.platform.startswith("linux"):
         reason = f"Linux only (this is {sys.platform})"
         return Containment(reason, reason, reason, reason)
-    uids = None
-    if os.getuid() == 0:
+    uids, root = None, os.getuid() == 0
+    if root:
         try:
             lease_uid().release()
         except (OSError, RuntimeError) as error:
             uids = str(error)
-    namespaces = _probe_run(isolate=True, seccomp=False, own_uids=uids is None)
-    seccomp = _probe_run(isolate=namespaces is None, seccomp=True, own_uids=uids is None)
-    return Containment(namespaces, seccomp, cgroup_unavailable_reason(), uids)
+    namespaces = _probe_run(isolate=True, seccomp=False, own_uids=root and uids is None)
+    isolated = namespaces is None  # outside namespaces another uid may not reach the interpreter: not tried
+    seccomp = _probe_run(isolate=isolated, seccomp=True, own_uids=root and uids is None and isolated)
+    return Containment(namespaces, seccomp, cgroup_unavailable_reason(), uids, unreachable_by_others())
 
 
 def _probe_run(isolate: bool, seccomp: bool, own_uids: bool) -> str | None:
     """None when a trivial program runs in that mode, else why not."""
     mode = RunMode(isolate=isolate, seccomp=seccomp, cgroup=False, own_uids=own_uids)
-    probe = Sandbox(SandboxLimits(wall_time_s=30), isolation="off")
+    probe = Sandbox(SandboxLimits(wall_time_s=30), isolation="best_effort")  # its mode is given, not probed
     try:
         result = probe._execute({"probe.py": "print('ok')"}, "probe.py", "", mode)
     except (OSError, RuntimeError) as error:

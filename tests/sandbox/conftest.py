@@ -7,6 +7,8 @@ import itertools
 import os
 import socket
 import stat
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +16,12 @@ from pathlib import Path
 import pytest
 
 from gspo_lightning.sandbox import Sandbox, isolation_unavailable_reason
+from gspo_lightning.sandbox.spec import LaunchSpec, Outcome
+
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "gspo_lightning/data/samples/code.jsonl"
+LAUNCHER = ROOT / "gspo_lightning/sandbox/launcher"
 
 needs_isolation = pytest.mark.skipif(
     isolation_unavailable_reason() is not None, reason=f"no sandbox isolation here: {isolation_unavailable_reason()}"
@@ -55,6 +60,20 @@ def processes_of(uids: set[int]) -> list[int]:
         if int(uid_line.split()[1]) in uids:
             found.append(int(entry.name))
     return found
+
+
+def run_launcher(spec: LaunchSpec) -> tuple[subprocess.CompletedProcess, Outcome]:
+    """Start the launcher by hand on ``spec``, as ``Sandbox`` does, and read its outcome."""
+    spec_file, status = os.memfd_create("spec"), os.memfd_create("status")
+    try:
+        os.write(spec_file, spec.to_wire())
+        os.lseek(spec_file, 0, os.SEEK_SET)
+        command = [sys.executable, "-I", "-S", str(LAUNCHER), str(spec_file), str(status)]
+        completed = subprocess.run(command, pass_fds=(spec_file, status), capture_output=True, timeout=60)
+        return completed, Outcome.from_wire(os.pread(status, 1 << 16, 0))
+    finally:
+        os.close(spec_file)
+        os.close(status)
 
 
 def sandbox_uids(sandbox: Sandbox) -> set[int]:

@@ -39,6 +39,7 @@ from syscalls import (
     CLONE_NEWPID,
     CLONE_NEWUSER,
     CLONE_NEWUTS,
+    PR_SET_CHILD_SUBREAPER,
     PR_SET_DUMPABLE,
     PR_SET_PDEATHSIG,
     SetupError,
@@ -120,25 +121,44 @@ def _wait(init: int, wall_time_s: float) -> tuple[int, bool]:
 
 
 def _kill_leftovers(spec: SimpleNamespace, init: int) -> None:
-    """Without a PID namespace: init's process group, then every process of the program's own uid."""
+    """Without a PID namespace: init's process group, every process in the run's cgroups, every process of the
+    program's own uid; then reap them (this launcher is their subreaper), so none lingers as a zombie."""
+    deadline = time.monotonic() + 2.0
     try:
         os.killpg(init, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    if spec.run_as is None:
-        return
-    killer = os.fork()
-    if killer == 0:  # as that uid, kill(-1) reaches exactly its processes (and not this one)
-        os.setgroups([])
-        os.setresgid(spec.run_as[1], spec.run_as[1], spec.run_as[1])
-        os.setresuid(spec.run_as[0], spec.run_as[0], spec.run_as[0])
-        for _ in range(3):
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except ProcessLookupError:
+    for procs in spec.cgroup_procs:
+        while time.monotonic() < deadline:
+            with open(procs) as handle:
+                members = [int(pid) for pid in handle.read().split()]
+            if not members:
                 break
-        os._exit(0)
-    os.waitpid(killer, 0)
+            for pid in members:
+                _kill_quietly(pid)
+    if spec.run_as is not None:
+        killer = os.fork()
+        if killer == 0:  # as that uid, kill(-1) reaches exactly its processes (and not this one)
+            os.setgroups([])
+            os.setresgid(spec.run_as[1], spec.run_as[1], spec.run_as[1])
+            os.setresuid(spec.run_as[0], spec.run_as[0], spec.run_as[0])
+            for _ in range(3):
+                _kill_quietly(-1)
+            os._exit(0)
+        os.waitpid(killer, 0)
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                time.sleep(0.005)
+        except ChildProcessError:
+            return
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def main() -> int:
@@ -150,6 +170,7 @@ def main() -> int:
         if spec.isolate:
             _enter_namespaces()
         else:
+            prctl(PR_SET_CHILD_SUBREAPER, 1, "child subreaper")  # the run's orphans come to us, not to PID 1
             write_program_files(spec.workdir, spec)
         cgroup_procs = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in spec.cgroup_procs]
     except (OSError, SetupError) as error:
