@@ -168,6 +168,7 @@ class Sandbox:
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONHASHSEED": "0",
+            "MALLOC_ARENA_MAX": "2",  # each malloc arena reserves 64 MiB of address space: threads would run out
         }
         return LaunchSpec(
             isolate=mode.isolate,

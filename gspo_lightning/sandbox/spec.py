@@ -21,9 +21,9 @@ class SandboxLimits:
     Attributes:
         wall_time_s: wall-clock seconds before the run (every process it started) is killed.
         cpu_time_s: CPU seconds per process (SIGXCPU, then SIGKILL one second later).
-        memory_mb: memory of the whole run (its cgroup's ``memory.max``: every process, the files it writes
-            and its output), and the address space of each process (``RLIMIT_AS``), in MiB. Where no cgroup
-            can be made, a run is bounded by ``memory_mb x processes`` plus its disk.
+        memory_mb: memory of the whole run, in MiB: its cgroup's ``memory.max`` (every process, the files it
+            writes, its output). Where no cgroup can be made, the address space of each process instead
+            (``RLIMIT_AS``), so a run is bounded by ``memory_mb x processes`` plus its disk.
         file_size_mb: largest file the program may write (stdout and stderr included), in MiB.
         output_bytes: how much of stdout and of stderr is read back.
         processes: most processes and threads of the run at once (``pids.max`` and ``RLIMIT_NPROC``).

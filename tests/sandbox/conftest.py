@@ -32,7 +32,7 @@ needs_root = pytest.mark.skipif(os.getuid() != 0, reason="needs a trainer runnin
 ADD_TESTS = '[{"input": [1, 2], "output": 3}, {"input": [-5, 5], "output": 0}, {"input": [100, 23], "output": 123}]'
 HONEST_ADD = "def add(a, b):\n    return a + b\n"
 # An honest sibling that is still running while a hostile program looks around.
-SLOW_HONEST_ADD = "import time\ntime.sleep(0.6)\ndef add(a, b):\n    return a + b\n"
+SLOW_HONEST_ADD = "import time\ntime.sleep(0.5)\ndef add(a, b):\n    return a + b\n"
 # An honest program that needs what a poisoned slot would lack: threads, files in its directory and /tmp.
 THREADED_HONEST_ADD = (
     "import threading, tempfile, os\n"

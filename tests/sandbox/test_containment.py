@@ -73,8 +73,11 @@ def test_best_effort_says_exactly_what_is_missing_and_what_stands_in(monkeypatch
 def test_required_runs_without_a_cgroup_and_says_what_bounds_memory_instead(monkeypatch):
     machine(monkeypatch, cgroup=NO_CGROUP)
     with pytest.warns(UserWarning, match=r"per-run memory and process cgroup .*memory_mb x processes"):
-        result = run(Sandbox(LIMITS), "print('ran')")
+        sandbox = Sandbox(LIMITS)
+        result = run(sandbox, "print('ran')")
     assert result.ok and result.isolated
+    bomb = run(sandbox, "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))")
+    assert not bomb.ok and "MemoryError" in bomb.stderr  # the per-process bound stands in
 
 
 def test_off_isolates_nothing_and_warns_nothing():

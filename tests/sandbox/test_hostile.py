@@ -46,7 +46,7 @@ HOST_ACCOUNT = next(
 @pytest.fixture(scope="module")
 def reward() -> CodeTests:
     return CodeTests(
-        wall_time_s=2.0, cpu_time_s=1, memory_mb=MEMORY_MB, disk_mb=DISK_MB, max_files=MAX_FILES, max_workers=3
+        wall_time_s=1.5, cpu_time_s=1, memory_mb=MEMORY_MB, disk_mb=DISK_MB, max_files=MAX_FILES, max_workers=3
     )
 
 
@@ -102,7 +102,9 @@ def _param(hostile: Hostile):
 
 @pytest.mark.parametrize("hostile", [_param(h) for h in ALL])
 def test_a_hostile_program_scores_zero_and_its_batch_is_scored_normally(reward, victims, hostile):
-    scores = score(reward, [fill(hostile.source, victims), SLOW_HONEST_ADD, HONEST_ADD])
+    # A copier needs a sibling still running while it looks around; the others get a quick one.
+    sibling = SLOW_HONEST_ADD if hostile.threat.startswith("3 reward hacking") else HONEST_ADD
+    scores = score(reward, [fill(hostile.source, victims), sibling, HONEST_ADD])
     assert scores == [0.0, 1.0, 1.0], f"{hostile.name} ({hostile.threat})"
     assert_contained(reward, victims)
 
@@ -114,7 +116,7 @@ def test_the_suite_covers_every_threat_class_with_at_least_25_programs():
 
 
 # Holds all but one of its uid's process slots for a while, as escaped or busy children would.
-HOLDER = "import os, time\nfor _ in range(PROCESSES - 1):\n    if os.fork() == 0:\n        time.sleep(4)\n        os._exit(0)\ntime.sleep(4)\n"
+HOLDER = "import os, time\nfor _ in range(PROCESSES - 1):\n    if os.fork() == 0:\n        time.sleep(3)\n        os._exit(0)\ntime.sleep(3)\n"
 THREADS = "import threading\nts = [threading.Thread(target=int) for _ in range(8)]\n[t.start() for t in ts]\n[t.join() for t in ts]\nprint('ok')\n"
 
 
@@ -143,14 +145,17 @@ def test_two_sandboxes_in_one_process_never_share_a_uid():
 def test_sandboxes_in_two_processes_never_share_a_uid():
     limits = SandboxLimits(wall_time_s=6.0, processes=16)
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "import os, sys, types\n"  # the sandbox package alone, without the trainer's heavy imports
+        "package = types.ModuleType('gspo_lightning')\n"
+        "package.__path__ = [os.path.join(sys.argv[1], 'gspo_lightning')]\n"
+        "sys.modules['gspo_lightning'] = package\n"
         "from gspo_lightning.sandbox import Sandbox, SandboxLimits\n"
         "box = Sandbox(SandboxLimits(wall_time_s=6.0, processes=16))\n"
         f"box.run({{'main.py': {HOLDER.replace('PROCESSES', '16')!r}}}, 'main.py')\n"
         "print(sorted(box.uids_used))\n"
     )
     other = subprocess.Popen([sys.executable, "-c", code, str(ROOT)], stdout=subprocess.PIPE, text=True)
-    time.sleep(4.0)  # it has imported the package and its holder is running
+    time.sleep(2.0)  # it has imported the sandbox and its holder is running
     honest = Sandbox(limits)
     result = honest.run({"main.py": THREADS}, "main.py")
     their_uids = other.communicate(timeout=60)[0]

@@ -1,8 +1,8 @@
 """The last steps in the program's own process, from the most to the least privileged, then ``exec``.
 
 1. join the run's cgroups (memory and process caps over every process the program will start);
-2. resource limits: CPU seconds, address space, file size (stdout and stderr included), open files,
-   processes (per uid, or per user namespace), no core dumps;
+2. resource limits: CPU seconds, file size (stdout and stderr included), open files, processes (per uid, or
+   per user namespace), no core dumps; and, only where there is no cgroup, the address space per process;
 3. ``no_new_privs`` and an empty capability bounding set: no set-uid binary or file capability gives anything;
 4. when the trainer is root: the run's own unprivileged uid and gid, no supplementary groups (this also
    empties the capability sets); in a user namespace the program keeps a uid that is not 0 there, so ``exec``
@@ -66,14 +66,16 @@ def _fail(status: int, message: str) -> None:
 def _apply_limits(spec: SimpleNamespace) -> None:
     limits = spec.limits
     cpu = limits.cpu_time_s
-    memory = limits.memory_mb * 2**20
     file_size = limits.file_size_mb * 2**20
-    for name, soft, hard in (
+    rlimits = [
         ("RLIMIT_CPU", cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL at the hard one
-        ("RLIMIT_AS", memory, memory),
         ("RLIMIT_FSIZE", file_size, file_size),
         ("RLIMIT_NOFILE", limits.open_files, limits.open_files),
         ("RLIMIT_NPROC", limits.processes, limits.processes),
         ("RLIMIT_CORE", 0, 0),
-    ):
+    ]
+    if not spec.cgroup_procs:  # the fallback bound; a cgroup counts real memory, not reserved address space
+        memory = limits.memory_mb * 2**20
+        rlimits.append(("RLIMIT_AS", memory, memory))
+    for name, soft, hard in rlimits:
         resource.setrlimit(getattr(resource, name), (soft, hard))
