@@ -184,7 +184,7 @@ class CodeTests:
         max_files: int = 4096,
         max_workers: int | None = None,
     ) -> None:
-        if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1):
+        if max_workers is not None and (type(max_workers) is not int or max_workers < 1):
             raise ValueError(f"CodeTests.max_workers must be >= 1 (or None for the CPU count), got {max_workers!r}")
         if isolation not in ISOLATIONS:
             raise ValueError(f"CodeTests.isolation must be one of {list(ISOLATIONS)}, got {isolation!r}")

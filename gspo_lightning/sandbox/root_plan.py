@@ -11,6 +11,7 @@ Not bound: the trainer's virtual environment, the project, the data, ``/etc``, `
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -176,4 +177,13 @@ def unreachable_by_others() -> str | None:
 
 def _mount_point() -> str:
     """An empty folder, private to the trainer, that each run's root tmpfs covers in its own namespace."""
-    return tempfile.mkdtemp(prefix="gspo-sandbox-root-")
+    folder = tempfile.mkdtemp(prefix="gspo-sandbox-root-")
+    atexit.register(_remove_empty, folder)
+    return folder
+
+
+def _remove_empty(folder: str) -> None:
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass

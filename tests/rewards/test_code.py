@@ -171,11 +171,16 @@ def test_code_sample_config_trains_end_to_end_with_sandboxed_rewards(tmp_path):
     assert any(row.get("eval/accuracy") for row in rows)
 
 
+def _reporting(result: str) -> str:
+    """A program that prints one harness-like report line whose result is the Python expression ``result``."""
+    return f"import os\nos.write(1, b'{{\"test\": 0, \"result\": ' + {result} + b'}}\\n')\nos._exit(0)"
+
+
 HOSTILE_OUTPUTS = {
-    "a 5000-digit integer": "import os\nos.write(1, ('{\"test\": 0, \"result\": ' + '9' * 5000 + '}\\n').encode())\nos._exit(0)",
-    "100k nested brackets": "import os\nos.write(1, b'{\"test\": 0, \"result\": ' + b'[' * 100000 + b'}\\n')\nos._exit(0)",
+    "a 5000-digit integer": _reporting("b'9' * 5000"),
+    "100k nested brackets": _reporting("b'[' * 100000"),
     "binary garbage": "import os\nos.write(1, bytes(range(256)) * 4000)\nos._exit(0)",
-    "an integer too large for a float": "import os\nos.write(1, ('{\"test\": 0, \"result\": 1' + '0' * 400 + '}\\n').encode())\nos._exit(0)",
+    "an integer too large for a float": _reporting("b'1' + b'0' * 400"),
 }
 MEAN_TESTS = json.dumps([{"input": [[1, 2]], "output": 1.5}])
 
@@ -217,7 +222,8 @@ def test_an_error_while_scoring_one_sample_scores_only_that_one_zero(reward, mon
 @needs_sandbox
 def test_stdio_programs_printing_garbage_score_zero_next_to_honest_ones(reward):
     tests = json.dumps([{"stdin": "2 3\n", "stdout": "5\n"}])
-    programs = ["print(9 ** 6000)", "import os\nos.write(1, bytes(range(256)) * 4000)", "print(sum(map(int, input().split())))"]
+    garbage = "import os\nos.write(1, bytes(range(256)) * 4000)"
+    programs = ["print(9 ** 6000)", garbage, "print(sum(map(int, input().split())))"]
     assert reward(["p"] * 3, programs, tests=[tests] * 3, entry_point=[""] * 3) == [0.0, 0.0, 1.0]
 
 
@@ -225,7 +231,11 @@ def test_stdio_programs_printing_garbage_score_zero_next_to_honest_ones(reward):
 @pytest.mark.skipif(cgroup_unavailable_reason() is not None, reason=f"no per-run cgroup: {cgroup_unavailable_reason()}")
 def test_a_run_killed_at_its_memory_cap_is_logged_with_the_reason(caplog):
     reward = CodeTests(wall_time_s=10.0, memory_mb=128, max_workers=1)
-    children = "import os\nfor _ in range(4):\n    if os.fork() == 0:\n        b = bytearray(100 * 2**20)\n        import time; time.sleep(1)\n        os._exit(0)\nos.wait(); os.wait(); os.wait(); os.wait()\ndef add(a, b):\n    return a + b"
+    children = (
+        "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        b = bytearray(100 * 2**20)\n"
+        "        time.sleep(1)\n        os._exit(0)\nfor _ in range(4):\n    os.wait()\n"
+        "def add(a, b):\n    return a + b"
+    )
     with caplog.at_level("INFO", logger="gspo_lightning.rewards.code"):
         reward(["p"], [children], tests=[ADD_TESTS], entry_point=["add"])
     assert "sample 0" in caplog.text and "memory cap (128 MiB)" in caplog.text

@@ -89,7 +89,7 @@ class Victims:
     """
 
     root: Path
-    server: socket.socket | None = None
+    servers: list[socket.socket] = field(default_factory=list)
     _before: dict[str, tuple] = field(default_factory=dict)
 
     @property
@@ -103,6 +103,11 @@ class Victims:
     @property
     def socket_path(self) -> Path:
         return self.root / "victim.sock"
+
+    @property
+    def abstract_socket(self) -> str:
+        """A socket in the abstract namespace (no file), served on the trainer's network namespace."""
+        return f"gspo-victim-{self.root.name}"
 
     @property
     def drop(self) -> Path:
@@ -157,15 +162,17 @@ def victims() -> Victims:
     victims.drop.chmod(0o777)
     for folder in (victims.checkpoints, victims.checkpoints.parent, victims.checkpoints.parent.parent):
         folder.chmod(0o755)
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(str(victims.socket_path))
+    for address in (str(victims.socket_path), "\0" + victims.abstract_socket):
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(address)
+        server.listen(8)
+        victims.servers.append(server)
+        threading.Thread(target=_serve, args=(server,), daemon=True).start()
     victims.socket_path.chmod(0o777)
-    server.listen(8)
-    victims.server = server
-    threading.Thread(target=_serve, args=(server,), daemon=True).start()
     victims._before = victims.snapshot()
     yield victims
-    server.close()
+    for server in victims.servers:
+        server.close()
     for path in sorted(root.rglob("*"), key=lambda p: -len(p.parts)):
         if path.is_dir() and not path.is_symlink():
             path.chmod(0o700)

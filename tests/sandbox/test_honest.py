@@ -48,7 +48,8 @@ HONEST = {
         "import multiprocessing, subprocess, sys\ndef square(x):\n    return x * x\n"
         "if __name__ == '__main__':\n"
         "    with multiprocessing.Pool(2) as pool:\n        print(pool.map(square, range(4)))\n"
-        "    print(subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True, text=True).stdout.strip())\n",
+        "    child = subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True, text=True)\n"
+        "    print(child.stdout.strip())\n",
         "[0, 1, 4, 9]\n7\n",
     ),
     "files in its folder and in /tmp, and exit()": (

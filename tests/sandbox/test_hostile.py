@@ -32,14 +32,18 @@ from tests.sandbox.conftest import (
     processes_of,
     sandbox_uids,
 )
-from tests.sandbox.hostile import ALL, Hostile
+from tests.sandbox.hostile import CLEANUP, ESCAPES, READING, Hostile
+from tests.sandbox.hostile_caps import DISK, MEMORY, MORE, NETWORK, OUTPUTS
 
 pytestmark = needs_isolation
 
+ALL = ESCAPES + CLEANUP + READING + OUTPUTS + MEMORY + NETWORK + DISK + MORE
 MEMORY_MB, DISK_MB, MAX_FILES = 256, 32, 1000
 # an account of this host other than the two the sandbox's own /etc/passwd lists
 HOST_ACCOUNT = next(
-    line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines() if line.split(":")[0] not in ("root", "sandbox")
+    name
+    for name in (line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines())
+    if name not in ("root", "sandbox")
 )
 
 
@@ -64,6 +68,7 @@ def _no_leftovers_reach_the_next_test(reward):
 def fill(source: str, victims: Victims) -> str:
     values = {
         "VICTIMS": str(victims.root),
+        "ABSTRACT": victims.abstract_socket,
         "SAMPLE": str(SAMPLE),
         "PROJECT": str(ROOT),
         "VENV": sys.prefix,
@@ -116,8 +121,14 @@ def test_the_suite_covers_every_threat_class_with_at_least_25_programs():
 
 
 # Holds all but one of its uid's process slots for a while, as escaped or busy children would.
-HOLDER = "import os, time\nfor _ in range(PROCESSES - 1):\n    if os.fork() == 0:\n        time.sleep(3)\n        os._exit(0)\ntime.sleep(3)\n"
-THREADS = "import threading\nts = [threading.Thread(target=int) for _ in range(8)]\n[t.start() for t in ts]\n[t.join() for t in ts]\nprint('ok')\n"
+HOLDER = (
+    "import os, time\nfor _ in range(PROCESSES - 1):\n    if os.fork() == 0:\n        time.sleep(3)\n"
+    "        os._exit(0)\ntime.sleep(3)\n"
+)
+THREADS = (
+    "import threading\nts = [threading.Thread(target=int) for _ in range(8)]\n[t.start() for t in ts]\n"
+    "[t.join() for t in ts]\nprint('ok')\n"
+)
 
 
 def _honest_run_while_holding(holder_sandbox_run, honest_sandbox: Sandbox) -> SandboxResult:

@@ -74,8 +74,9 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     sandbox = Sandbox(SandboxLimits(wall_time_s=10))
     result = sandbox.run({"main.py": program}, "main.py")
-print(json.dumps({"trainer_uid": os.getuid(), "ok": result.ok, "isolated": result.isolated, "stdout": result.stdout,
-                  "stderr": result.stderr[-2000:], "error": result.error, "warnings": [str(w.message) for w in caught]}))
+report = {"trainer_uid": os.getuid(), "ok": result.ok, "isolated": result.isolated, "stdout": result.stdout,
+          "stderr": result.stderr[-2000:], "error": result.error, "warnings": [str(w.message) for w in caught]}
+print(json.dumps(report))
 """
 
 

@@ -92,7 +92,8 @@ def test_writing_outside_the_working_directory_never_reaches_the_host(sandbox, t
         for t in targets
     )
     host_tmp = Path("/tmp") / f"gspo-escape-{os.getpid()}"  # the program's /tmp is its own
-    code += f"\nopen({str(host_tmp)!r}, 'w').write('x')\nopen('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())"
+    code += f"\nopen({str(host_tmp)!r}, 'w').write('x')\n"
+    code += "open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())"
     result = run(sandbox, code)
     assert result.ok and result.stdout.count("refused") == 3 and result.stdout.endswith("ok\n")
     assert not any(t.exists() for t in targets) and not host_tmp.exists()
@@ -100,7 +101,8 @@ def test_writing_outside_the_working_directory_never_reaches_the_host(sandbox, t
 
 def test_a_run_leaves_nothing_on_the_host_and_the_next_run_starts_clean(sandbox):
     before = set(Path("/tmp").iterdir())
-    writer = "import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.chmod('a', 0)\nopen('/tmp/t', 'w').write('y')"
+    writer = "import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.chmod('a', 0)\n"
+    writer += "open('/tmp/t', 'w').write('y')"
     assert run(sandbox, writer).ok
     reader = "import os\nprint(sorted(os.listdir('.')), os.listdir('/tmp'), os.getcwd())"
     assert run(sandbox, reader).stdout == "['main.py'] [] /work\n"
@@ -109,9 +111,10 @@ def test_a_run_leaves_nothing_on_the_host_and_the_next_run_starts_clean(sandbox)
 
 def test_a_run_is_capped_in_disk_bytes_and_files_and_its_output(sandbox):
     capped = Sandbox(SandboxLimits(wall_time_s=5.0, disk_mb=4, max_files=50, file_size_mb=2, output_bytes=1000))
-    fill = "import os\ntry:\n    for i in range(10):\n        open(f'f{i}', 'wb').write(b'x' * 2**20)\nexcept OSError as e:\n    print('full at', i, e.errno)"
+    until_full = "\nexcept OSError as e:\n    print('full at', i, e.errno)"
+    fill = "try:\n    for i in range(10):\n        open(f'f{i}', 'wb').write(b'x' * 2**20)" + until_full
     assert capped.run({"main.py": fill}, "main.py").stdout == "full at 4 28\n"  # ENOSPC after 4 MiB
-    files = "import os\ntry:\n    for i in range(100):\n        os.mkdir(f'd{i}')\nexcept OSError as e:\n    print('full at', i, e.errno)"
+    files = "import os\ntry:\n    for i in range(100):\n        os.mkdir(f'd{i}')" + until_full
     assert capped.run({"main.py": files}, "main.py").stdout == "full at 50 28\n"
     flood = capped.run({"main.py": "import sys\nsys.stdout.write('y' * 3 * 2**20)"}, "main.py")
     assert not flood.ok and flood.output_truncated and len(flood.stdout) == 1000  # killed at 2 MiB (SIGXFSZ)

@@ -39,8 +39,14 @@ _SKELETON_INODES = 64  # the root's own folders, links, mount points and files, 
 
 # statvfs flags -> mount flags: a remount must keep what the source mount has (the kernel locks them in a user
 # namespace) besides what we add.
-_KEPT_FLAGS = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
-               (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME))  # fmt: skip
+_KEPT_FLAGS = (
+    (os.ST_NOSUID, MS_NOSUID),
+    (os.ST_NODEV, MS_NODEV),
+    (os.ST_NOEXEC, MS_NOEXEC),
+    (os.ST_NOATIME, MS_NOATIME),
+    (os.ST_NODIRATIME, MS_NODIRATIME),
+    (os.ST_RELATIME, MS_RELATIME),
+)
 
 
 def enter_minimal_root(spec: SimpleNamespace) -> None:
@@ -88,7 +94,8 @@ def _populate(new_root: str, plan: SimpleNamespace, spec: SimpleNamespace) -> No
         os.makedirs(new_root + path, exist_ok=True)
         os.chmod(new_root + path, mode)
     uid, gid = spec.run_as or (os.getuid(), os.getgid())
-    _write(new_root + "/etc/passwd", f"root:x:0:0::/:/nonexistent\nsandbox:x:{uid}:{gid}::{spec.workdir}:/nonexistent\n")
+    accounts = f"root:x:0:0::/:/nonexistent\nsandbox:x:{uid}:{gid}::{spec.workdir}:/nonexistent\n"
+    _write(new_root + "/etc/passwd", accounts)
     _write(new_root + "/etc/group", f"root:x:0:\nsandbox:x:{gid}:\n")
     write_program_files(new_root + spec.workdir, spec)
 
