@@ -26,6 +26,9 @@ class Hostile:
     slow: bool = False
 
 
+# The end of a program that cheats: it answers right only if its attack (which set ``ok``) worked.
+ANSWER_IF_IT_WORKED = "def add(a, b):\n    return a + b if ok else None\n"
+
 # Looks up the expected output of its own inputs in a JSONL data set, if it can read one.
 _LOOKUP = """
 import json
@@ -162,9 +165,7 @@ import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 ok = libc.mount(b'none', b'/tmp', b'tmpfs', 0, None) == 0
 ok = ok or libc.mount(b'VICTIMS', b'.', None, 4096, None) == 0
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
 ]
 
 READING = [
@@ -222,9 +223,7 @@ try:
     ok = 'HOST_ACCOUNT:' in open('/etc/passwd').read()
 except OSError:
     ok = False
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
     Hostile("reads_the_project_source", "3 reading the host", """
 import os
 try:
@@ -232,15 +231,11 @@ try:
 except OSError:
     ok = False
 ok = ok or os.path.exists('PROJECT/README.md')
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
     Hostile("reads_the_virtual_environment", "3 reading the host", """
 import os, sys
 ok = os.path.isdir('VENV/lib') or any('site-packages' in p and os.path.isdir(p) and os.listdir(p) for p in sys.path)
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
     Hostile("reads_the_trainers_proc_entries", "3 reading the host", """
 ok = False
 for path in ('/proc/TRAINER_PID/cmdline', '/proc/TRAINER_PID/environ', '/proc/1/cmdline'):
@@ -248,7 +243,5 @@ for path in ('/proc/TRAINER_PID/cmdline', '/proc/TRAINER_PID/environ', '/proc/1/
         ok = ok or len(open(path, 'rb').read()) > 0
     except OSError:
         pass
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.sandbox.hostile import Hostile
+from tests.sandbox.hostile import ANSWER_IF_IT_WORKED, Hostile
 
 OUTPUTS = [
     Hostile("reports_a_5000_digit_integer", "4 hostile output", """
@@ -87,9 +87,7 @@ def add(a, b):
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 ok = libc.unshare(0x10000000) == 0  # CLONE_NEWUSER
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
     Hostile("tmpfs_in_a_nested_user_namespace", "5 memory per run", """
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
@@ -111,36 +109,44 @@ if libc.unshare(0x10000000 | 0x00020000) == 0:  # CLONE_NEWUSER | CLONE_NEWNS
                     handle.write(chunk)
                     written += 1
 ok = written > MEMORY_MB
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
 ]
 
+
+def _unix_client(address: str) -> str:
+    """Connects to a unix socket the test serves (it answers ``pong``)."""
+    return f"""
+import socket
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(1)
+    s.connect('{address}')
+    ok = s.recv(4) == b'pong'
+except OSError:
+    ok = False
+""" + ANSWER_IF_IT_WORKED
+
+
+def _filler(folder: str) -> str:
+    """Writes 8 MiB files (each under the file-size limit) into ``folder`` until 3 x DISK_MB or an error."""
+    return f"""
+chunk = b'x' * 2**20
+written = 0
+try:
+    for i in range(3 * DISK_MB // 8 + 1):
+        with open(f'{folder}f{{i}}', 'wb') as handle:
+            for _ in range(8):
+                handle.write(chunk)
+                written += 1
+except OSError:
+    pass
+ok = written > DISK_MB
+""" + ANSWER_IF_IT_WORKED
+
+
 NETWORK = [
-    Hostile("talks_to_a_host_unix_socket", "6 host sockets", """
-import socket
-try:
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(1)
-    s.connect('VICTIMS/victim.sock')
-    ok = s.recv(4) == b'pong'
-except OSError:
-    ok = False
-def add(a, b):
-    return a + b if ok else None
-"""),
-    Hostile("talks_to_an_abstract_unix_socket", "6 host sockets", """
-import socket
-try:
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(1)
-    s.connect('\\0ABSTRACT')
-    ok = s.recv(4) == b'pong'
-except OSError:
-    ok = False
-def add(a, b):
-    return a + b if ok else None
-"""),
+    Hostile("talks_to_a_host_unix_socket", "6 host sockets", _unix_client("VICTIMS/victim.sock")),
+    Hostile("talks_to_an_abstract_unix_socket", "6 host sockets", _unix_client("\\0ABSTRACT")),
     Hostile("talks_to_loopback_tcp", "6 network", """
 import socket
 try:
@@ -148,44 +154,12 @@ try:
     ok = True
 except OSError:
     ok = False
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
 ]
 
 DISK = [
-    Hostile("fills_the_disk_below_the_file_size_limit", "7 disk bytes", """
-import os
-chunk = b'x' * 2**20
-written = 0
-try:
-    for i in range(3 * DISK_MB // 8 + 1):
-        with open(f'f{i}', 'wb') as handle:
-            for _ in range(8):
-                handle.write(chunk)
-                written += 1
-except OSError:
-    pass
-ok = written > DISK_MB
-def add(a, b):
-    return a + b if ok else None
-"""),
-    Hostile("fills_tmp", "7 disk bytes", """
-import os
-chunk = b'x' * 2**20
-written = 0
-try:
-    for i in range(3 * DISK_MB // 8 + 1):
-        with open(f'/tmp/f{i}', 'wb') as handle:
-            for _ in range(8):
-                handle.write(chunk)
-                written += 1
-except OSError:
-    pass
-ok = written > DISK_MB
-def add(a, b):
-    return a + b if ok else None
-"""),
+    Hostile("fills_the_disk_below_the_file_size_limit", "7 disk bytes", _filler("")),
+    Hostile("fills_tmp", "7 disk bytes", _filler("/tmp/")),
     Hostile("creates_too_many_files", "7 file count", """
 import os
 made = 0
@@ -196,9 +170,7 @@ try:
 except OSError:
     pass
 ok = made > MAX_FILES
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
 ]
 
 MORE = [
@@ -212,24 +184,18 @@ for fd in range(3, 256):
     except OSError:
         continue
     ok = ok or (found.st_dev, found.st_ino) != (own.st_dev, own.st_ino)
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
     Hostile("keyring_outlives_the_run", "more: state shared between runs", """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 KEY_SPEC_USER_KEYRING = -4
 ok = libc.syscall(248, b'user', b'gspo-note', b'x', 1, KEY_SPEC_USER_KEYRING) > 0  # add_key
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
     Hostile("ptraces_its_init", "more: privilege", """
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 ok = libc.ptrace(16, os.getppid(), None, None) == 0 or libc.ptrace(16, 1, None, None) == 0  # PTRACE_ATTACH
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
     Hostile("becomes_root", "more: privilege", """
 import os
 try:
@@ -237,9 +203,7 @@ try:
     ok = True
 except OSError:
     ok = False
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
     Hostile("raises_its_limits", "more: privilege", """
 import resource
 ok = False
@@ -250,9 +214,7 @@ for limit in (resource.RLIMIT_NPROC, resource.RLIMIT_AS, resource.RLIMIT_CPU, re
         ok = ok or hard != resource.RLIM_INFINITY
     except (ValueError, OSError):
         pass
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
     Hostile("signals_everyone", "more: the trainer", """
 import os, signal
 for pid in (os.getppid(), 1, 0, -1, TRAINER_PID):
@@ -271,9 +233,7 @@ for path in ('VICTIMS/drop/escaped', 'PROJECT/escaped', 'VICTIMS/runs/exp/checkp
         ok = True
     except OSError:
         pass
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
     Hostile("joins_another_cgroup", "more: caps", """
 import glob, os
 ok = False
@@ -283,9 +243,7 @@ for path in glob.glob('/sys/fs/cgroup/**/cgroup.procs', recursive=True)[:50]:
         ok = True
     except OSError:
         pass
-def add(a, b):
-    return a + b if ok else None
-"""),
+""" + ANSWER_IF_IT_WORKED),
     Hostile("fork_bomb", "more: processes", """
 import os
 while True:
