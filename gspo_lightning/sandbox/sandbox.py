@@ -148,6 +148,9 @@ class Sandbox:
     def _execute(self, files: dict[str, str], entry: str, stdin: str, mode: RunMode) -> SandboxResult:
         if entry not in files:
             raise ValueError(f"entry {entry!r} is not among the files {sorted(files)}")
+        for name in files:
+            if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
+                raise ValueError(f"sandbox file name {name!r} leaves the working directory")
         slot = self._take_slot(mode)
         private = None if mode.isolate else make_private_folder(slot.uid.uid if slot.uid else None)
         try:

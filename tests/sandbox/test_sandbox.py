@@ -226,3 +226,9 @@ def test_bad_limits_are_rejected(bad):
 def test_bad_isolation_setting_names_the_choices():
     with pytest.raises(ValueError, match=r"isolation must be one of \['required', 'best_effort', 'off'\]"):
         Sandbox(isolation="maybe")
+
+
+@pytest.mark.parametrize("name", ["../up.py", "/etc/x.py", "a//b.py", "./a.py"])
+def test_a_file_name_that_leaves_the_working_directory_is_refused(sandbox, name):
+    with pytest.raises(ValueError, match="leaves the working directory"):
+        sandbox.run({name: "print(1)", "main.py": "print(1)"}, "main.py")
