@@ -38,7 +38,7 @@ with open('/proc/self/maps') as handle:
     mapped = sorted({line.split()[-1] for line in handle if '.so' in line.rsplit('/', 1)[-1]})
 paths = sysconfig.get_paths()
 print(json.dumps({'libraries': mapped, 'stdlib': [paths['stdlib'], paths['platstdlib']],
-                  'site': [paths['purelib'], paths['platlib']], 'executable': os.path.realpath(sys.executable)}))
+                  'site': [paths['purelib'], paths['platlib']]}))
 """
 _LOADER_CACHE = "/etc/ld.so.cache"
 _PACKAGE_FOLDERS = ("site-packages", "dist-packages")
@@ -61,7 +61,8 @@ def minimal_root_plan() -> RootPlan:
     probe = json.loads(completed.stdout)
     library_folders = {os.path.dirname(os.path.realpath(path)) for path in probe["libraries"]}
     stdlib = {os.path.realpath(path) for path in probe["stdlib"]}
-    binds = _outermost({interpreter, *stdlib, *library_folders} | ({_LOADER_CACHE} & _existing([_LOADER_CACHE])))
+    loader_cache = {_LOADER_CACHE} if os.path.exists(_LOADER_CACHE) else set()
+    binds = _outermost({interpreter, *stdlib, *library_folders, *loader_cache})
     symlinks = _symlinks_to(binds, elf_interpreter(interpreter))
     masks = _package_folders(binds, probe["site"])
     return RootPlan(
@@ -69,27 +70,26 @@ def minimal_root_plan() -> RootPlan:
     )
 
 
-# ELF header: class (32/64-bit) and byte order at 4-5; program headers' offset, entry size and count.
-_ELF_HEADER = {2: ("Q", 32, 54), 1: ("I", 28, 42)}
-# Program header: type at 0; offset and size of the segment's bytes (after the class's other fields).
-_PROGRAM_HEADER = {2: ("I4xQ16xQ", 0), 1: ("II8xI", 0)}
 _PT_INTERP = 3
+# Per ELF class (1: 32-bit, 2: 64-bit): the program-header table's offset (format, position in the header), the
+# position of its entry size and count, and an entry's type, offset and size (the other fields skipped).
+_ELF_LAYOUT = {1: ("I", 28, 42, "II8xI"), 2: ("Q", 32, 54, "I4xQ16xQ")}
 
 
 def elf_interpreter(path: str) -> str | None:
     """The ELF program interpreter (dynamic loader) a binary names, or None (static, not ELF)."""
     with open(path, "rb") as handle:
         header = handle.read(64)
-        if header[:4] != b"\x7fELF" or header[4] not in _ELF_HEADER:
+        if header[:4] != b"\x7fELF" or header[4] not in _ELF_LAYOUT:
             return None
         order = "<" if header[5] == 1 else ">"
-        offset_format, offset_at, sizes_at = _ELF_HEADER[header[4]]
-        (table,) = struct.unpack_from(order + offset_format, header, offset_at)
+        table_format, table_at, sizes_at, entry_format = _ELF_LAYOUT[header[4]]
+        (table,) = struct.unpack_from(order + table_format, header, table_at)
         entry_size, count = struct.unpack_from(order + "HH", header, sizes_at)
+        entry_format = order + entry_format
         for index in range(count):
             handle.seek(table + index * entry_size)
-            kind, offset, size = struct.unpack(order + _PROGRAM_HEADER[header[4]][0], handle.read(entry_size)[
-                : struct.calcsize(order + _PROGRAM_HEADER[header[4]][0])])
+            kind, offset, size = struct.unpack(entry_format, handle.read(struct.calcsize(entry_format)))
             if kind == _PT_INTERP:
                 handle.seek(offset)
                 return handle.read(size).rstrip(b"\0").decode()
@@ -153,10 +153,6 @@ def _outermost(paths: set[str]) -> set[str]:
 
 def _inside(path: str, folder: str) -> bool:
     return path.startswith(folder.rstrip("/") + "/")
-
-
-def _existing(paths: list[str]) -> set[str]:
-    return {path for path in paths if os.path.exists(path)}
 
 
 def unreachable_by_others() -> str | None:
