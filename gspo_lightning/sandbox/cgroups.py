@@ -47,7 +47,7 @@ class RunCgroup:
         self.folders = [hierarchy.parent / name for hierarchy in hierarchies]
         self._hierarchies = hierarchies
         for hierarchy, folder in zip(hierarchies, self.folders, strict=True):
-            if folder.exists():  # left by a trainer that died: take it over, emptied
+            if folder.exists():  # left by a dead trainer whose pid this one has now: take it over, emptied
                 _kill_members(folder, deadline=time.monotonic() + 5)
             else:
                 folder.mkdir()
@@ -194,11 +194,42 @@ def find_hierarchies() -> tuple[tuple[Hierarchy, ...], str | None]:
             "(cgroup v2 needs them delegated to it, v1 needs write access to its hierarchies)"
         )
     reason = _try_one(tuple(found))
-    return (tuple(found), None) if reason is None else ((), reason)
+    if reason is not None:
+        return (), reason
+    for hierarchy in found:
+        _remove_stale(hierarchy.parent)
+    return tuple(found), None
+
+
+def cgroup_name(owner_pid: int, slot: int) -> str:
+    """The name of a slot's cgroup: its trainer's pid, so that a dead trainer's cgroups can be told and removed."""
+    return f"gspo-sandbox-{owner_pid}-{slot}"
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove the cgroups of trainers that died without removing theirs (killed, not shut down)."""
+    for folder in parent.glob("gspo-sandbox-*-*"):
+        owner = folder.name.split("-")[2]
+        if owner.isdigit() and not _alive(int(owner)):
+            _kill_members(folder, deadline=time.monotonic() + 5)
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _try_one(hierarchies: tuple[Hierarchy, ...]) -> str | None:
-    probe = f"gspo-sandbox-probe-{os.getpid()}"
+    probe = cgroup_name(os.getpid(), -1)
     try:
         RunCgroup(probe, hierarchies, CgroupLimits(64 * 2**20, 8)).remove()
     except OSError as error:

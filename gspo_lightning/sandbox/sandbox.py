@@ -22,7 +22,13 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from gspo_lightning.sandbox.cgroups import CgroupLimits, RunCgroup, cgroup_unavailable_reason, find_hierarchies
+from gspo_lightning.sandbox.cgroups import (
+    CgroupLimits,
+    RunCgroup,
+    cgroup_name,
+    cgroup_unavailable_reason,
+    find_hierarchies,
+)
 from gspo_lightning.sandbox.containment import ISOLATIONS, Containment, Isolation, RunMode, decide
 from gspo_lightning.sandbox.hostdir import make_private_folder, remove_tree
 from gspo_lightning.sandbox.root_plan import base_interpreter, minimal_root_plan, unreachable_by_others
@@ -233,7 +239,7 @@ class Sandbox:
                 return self._free.pop()
         uid = lease_uid() if mode.own_uids else None
         try:
-            cgroup = self._make_cgroup(uid) if mode.cgroup else None
+            cgroup = self._make_cgroup() if mode.cgroup else None
         except BaseException:
             if uid is not None:
                 uid.release()
@@ -245,10 +251,9 @@ class Sandbox:
                 self._uids_used.add(uid.uid)
         return slot
 
-    def _make_cgroup(self, uid: UidLease | None) -> RunCgroup:
-        name = f"gspo-sandbox-uid{uid.uid}" if uid else f"gspo-sandbox-{os.getpid()}-{next(_slot_names)}"
+    def _make_cgroup(self) -> RunCgroup:
         limits = CgroupLimits(self.limits.memory_mb * 2**20, self.limits.processes)
-        return RunCgroup(name, find_hierarchies()[0], limits)
+        return RunCgroup(cgroup_name(os.getpid(), next(_slot_names)), find_hierarchies()[0], limits)
 
     def _empty(self, slot: _Slot) -> bool:
         """Whether the slot's cgroup is empty (after killing what is left: nothing, unless not isolated)."""

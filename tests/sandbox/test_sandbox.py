@@ -232,3 +232,17 @@ def test_bad_isolation_setting_names_the_choices():
 def test_a_file_name_that_leaves_the_working_directory_is_refused(sandbox, name):
     with pytest.raises(ValueError, match="leaves the working directory"):
         sandbox.run({name: "print(1)", "main.py": "print(1)"}, "main.py")
+
+
+@pytest.mark.skipif(cgroup_unavailable_reason() is not None, reason=f"no per-run cgroup: {cgroup_unavailable_reason()}")
+def test_the_cgroups_a_killed_trainer_left_are_removed_by_the_next_one():
+    from gspo_lightning.sandbox import cgroups
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now, as a SIGKILLed trainer's
+    hierarchies, _ = cgroups.find_hierarchies()
+    left = [hierarchy.parent / cgroups.cgroup_name(gone.pid, 0) for hierarchy in hierarchies]
+    for folder in left:
+        folder.mkdir()
+    cgroups.find_hierarchies.__wrapped__()  # what a new trainer process does once
+    assert not any(folder.exists() for folder in left)
