@@ -65,15 +65,25 @@ for path in HOME_FILES:
         found[path] = error.strerror
 libc = ctypes.CDLL(None)
 renamed = libc.sethostname(b"x", 1) == 0  # needs CAP_SYS_ADMIN in the namespace's own user namespace
+import threading
+threads = [threading.Thread(target=int) for _ in range(32)]
+[t.start() for t in threads]
+[t.join() for t in threads]
 print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "privileged": renamed, "found": found,
                   "home_exists": os.path.exists(HOME), "root": sorted(os.listdir("/"))}))
 '''
 home_files = [f"{home}/.cache/huggingface/token", f"{home}/.ssh/id_rsa", os.path.join(ROOT, "README.md")]
 program = "import json\n" + program.replace("HOME_FILES", repr(home_files)).replace("HOME", repr(home))
+import subprocess
+# More processes of the trainer's own than the program's limit: they must not count against the program's.
+busy = [subprocess.Popen(["sleep", "60"]) for _ in range(80)]
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    sandbox = Sandbox(SandboxLimits(wall_time_s=10))
+    sandbox = Sandbox(SandboxLimits(wall_time_s=10, processes=64))
     result = sandbox.run({"main.py": program}, "main.py")
+for process in busy:
+    process.kill()
+    process.wait()
 report = {"trainer_uid": os.getuid(), "ok": result.ok, "isolated": result.isolated, "stdout": result.stdout,
           "stderr": result.stderr[-2000:], "error": result.error, "warnings": [str(w.message) for w in caught]}
 print(json.dumps(report))
@@ -115,7 +125,8 @@ def test_an_ordinary_users_programs_run_unprivileged_and_cannot_read_its_home():
     assert report["ok"] and report["isolated"], report
     seen = json.loads(report["stdout"])
     # The program keeps the trainer's uid (mapped to itself in its user namespace): not root there, no
-    # capability, and nothing of the home, the project or the host is in its view.
+    # capability, and nothing of the home, the project or the host is in its view. Its 32 threads ran although
+    # the trainer had 80 processes of its own: the process limit counts in the run's user namespace.
     assert seen["uid"] == seen["gid"] == TRAINER_UID and not seen["privileged"]
     assert not seen["home_exists"]
     assert all(value == "No such file or directory" for value in seen["found"].values()), seen["found"]
