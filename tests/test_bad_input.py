@@ -86,3 +86,27 @@ def test_bad_data_fails_during_data_setup_before_any_model_is_loaded(name, conte
     with pytest.raises(ValueError, match=message):
         main(args)
     assert loaded == []  # failed before configure_model built the policy
+
+
+CODE_SAMPLE = ROOT / "configs/code_sample.yaml"
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("memory_mb", 16, r"CodeTests.memory_mb must be >= 64 \(a Python interpreter needs it\), got 16"),
+        ("disk_mb", 0, "CodeTests.disk_mb must be a positive number, got 0"),
+        ("max_files", -1, "CodeTests.max_files must be a positive number, got -1"),
+        ("max_workers", 0, r"CodeTests.max_workers must be >= 1 \(or None for the CPU count\), got 0"),
+    ],
+)
+def test_a_bad_sandbox_setting_of_the_code_reward_is_named(setting, value, message, tmp_path, monkeypatch):
+    import yaml
+
+    config = yaml.safe_load(CODE_SAMPLE.read_text())
+    config["sampler"]["rewards"][0]["init_args"][setting] = value
+    path = tmp_path / "code.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        main(["-c", str(path)], run=False)

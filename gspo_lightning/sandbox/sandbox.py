@@ -1,73 +1,44 @@
-"""Run untrusted programs (model completions) in a contained child process.
+"""Run untrusted programs (model completions) contained, one launcher process per run.
 
-Each run gets its own private temporary directory: a working directory the program may write to (the only
-writable place it sees when isolated), and the trainer's own files for its stdin, stdout and stderr, which the
-program holds only as open descriptors. The directory is removed afterwards, whatever the program did.
-See ``launcher.py`` for what isolation means; the limits below apply in every mode.
+A run: take a slot (an unprivileged uid leased machine-wide when the trainer is root, and a cgroup), describe
+the run in a :class:`LaunchSpec`, start the launcher (``launcher/``) with the spec, the program's stdin and
+empty stdout/stderr as memory files (nothing of a run is ever written to the host disk when it is isolated),
+wait for it, read back what the program printed. The launcher only returns once every process of the run is
+gone; the trainer then checks the slot's cgroup is empty before the slot serves another run.
+What each containment step is and what happens without it: ``containment.py``.
 """
 
 from __future__ import annotations
 
-import json
+import functools
+import itertools
 import os
-import shutil
-import signal
-import stat
+import select
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import warnings
-from dataclasses import asdict, dataclass
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from gspo_lightning.sandbox.launcher import ISOLATION_FAILED, SETUP_FAILED
+from gspo_lightning.sandbox.cgroups import (
+    CgroupLimits,
+    RunCgroup,
+    cgroup_name,
+    cgroup_unavailable_reason,
+    find_hierarchies,
+)
+from gspo_lightning.sandbox.containment import ISOLATIONS, Containment, Isolation, RunMode, decide
+from gspo_lightning.sandbox.hostdir import make_private_folder, remove_tree
+from gspo_lightning.sandbox.root_plan import base_interpreter, minimal_root_plan, unreachable_by_others
+from gspo_lightning.sandbox.spec import WORKDIR, LaunchSpec, Outcome, SandboxLimits
+from gspo_lightning.sandbox.uids import UidLease, lease_uid
 
-Isolation = Literal["required", "best_effort", "off"]
-ISOLATIONS: tuple[str, ...] = ("required", "best_effort", "off")
-
-_LAUNCHER = str(Path(__file__).with_name("launcher.py"))
-_PYTHON_MOUNT = ".python"
-# Unprivileged uids for programs when the trainer runs as root: far above any real account, one per concurrent
-# run of this process, so runs cannot signal each other or share a process-count limit.
-_UID_BASE = 1 << 20
-_UIDS_PER_PROCESS = 256
-
-
-class SandboxUnavailableError(RuntimeError):
-    """Isolation was required, and this machine cannot provide it."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """What one program may use.
-
-    Attributes:
-        wall_time_s: wall-clock seconds before the program (and everything it started) is killed.
-        cpu_time_s: CPU seconds (SIGXCPU, then SIGKILL one second later).
-        memory_mb: address-space limit per process, in MiB.
-        file_size_mb: largest file the program may write (stdout and stderr included), in MiB.
-        output_bytes: how much of stdout and of stderr is read back.
-        processes: most processes (threads count) the program's user may have at once.
-        open_files: most open file descriptors per process.
-    """
-
-    wall_time_s: float = 10.0
-    cpu_time_s: int = 10
-    memory_mb: int = 512
-    file_size_mb: int = 16
-    output_bytes: int = 1 << 20
-    processes: int = 32
-    open_files: int = 64
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"sandbox limit {name} must be a positive number, got {value!r}")
-        if self.memory_mb < 64:
-            raise ValueError(f"sandbox limit memory_mb must be >= 64 (a Python interpreter needs it), got {self.memory_mb}")
+_LAUNCHER = str(Path(__file__).with_name("launcher"))
+_LAUNCHER_GRACE_S = 10.0  # beyond wall_time_s: the launcher's start, the root's set-up, the namespace's teardown
+_CLEANUP_S = 10.0  # at most this long removing a non-isolated run's folder; what is left is reported
+_slot_names = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -77,10 +48,12 @@ class SandboxResult:
     Attributes:
         exit_code: the program's exit status; ``128 + n`` when killed by signal n; None when it never ran.
         stdout, stderr: the first ``output_bytes`` of each, decoded as UTF-8 (invalid bytes replaced).
-        timed_out: the wall-clock limit was reached and the program was killed.
+        timed_out: the wall-clock limit was reached and the run was killed.
         wall_s: seconds from start to end.
-        isolated: the run had network, mount and PID isolation.
+        isolated: the run had its namespaces, minimal root and system-call filter.
         error: why the program did not run (isolation or setup failure), else None.
+        memory_exceeded: the run's memory cap killed one of its processes.
+        output_truncated: stdout or stderr was longer than ``output_bytes``.
     """
 
     exit_code: int | None
@@ -90,6 +63,8 @@ class SandboxResult:
     wall_s: float
     isolated: bool
     error: str | None = None
+    memory_exceeded: bool = False
+    output_truncated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -97,14 +72,34 @@ class SandboxResult:
         return self.exit_code == 0 and not self.timed_out and self.error is None
 
 
+@dataclass
+class _Slot:
+    """What one concurrent run holds: its uid lease (trainer is root) and its cgroup (where there are any)."""
+
+    uid: UidLease | None
+    cgroup: RunCgroup | None
+
+    def release(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.uid is not None:
+            self.uid.release()
+
+
+def _release_all(slots: list[_Slot]) -> None:
+    for slot in slots:
+        slot.release()
+    slots.clear()
+
+
 class Sandbox:
-    """Runs Python programs contained: separate process, limits, no network, throw-away working directory.
+    """Runs Python programs contained (see ``containment.py`` for what that means on this machine).
 
     Args:
-        limits: resource limits of each run.
-        isolation: ``required`` (default) runs only with network, mount and PID namespaces and raises
-            ``SandboxUnavailableError`` at the first run where the OS does not allow them; ``best_effort`` falls
-            back to limits only (with a warning); ``off`` never isolates: only for trusted code.
+        limits: limits of each run.
+        isolation: ``required`` (default) runs only with every containment step and raises
+            ``SandboxUnavailableError`` at the first run where one is missing; ``best_effort`` runs with what
+            the machine has and warns, naming what is missing; ``off`` never isolates: trusted code only.
     """
 
     def __init__(self, limits: SandboxLimits | None = None, isolation: Isolation = "required") -> None:
@@ -112,33 +107,33 @@ class Sandbox:
             raise ValueError(f"sandbox isolation must be one of {list(ISOLATIONS)}, got {isolation!r}")
         self.limits = limits or SandboxLimits()
         self.isolation = isolation
-        self._isolate: bool | None = None if isolation != "off" else False
+        self._mode: RunMode | None = None
         self._lock = threading.Lock()
-        self._free_slots = list(range(_UIDS_PER_PROCESS))
+        self._free: list[_Slot] = []
+        self._slots: list[_Slot] = []
+        self._uids_used: set[int] = set()
+        self._finalizer = weakref.finalize(self, _release_all, self._slots)
 
     def __getstate__(self) -> dict:
-        # picklable for process-isolated reward workers: locks and slots are per process
+        # picklable for process-isolated reward workers: slots and locks belong to one process
         return {"limits": self.limits, "isolation": self.isolation}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["limits"], state["isolation"])
 
+    @property
+    def uids_used(self) -> frozenset[int]:
+        """Every uid this sandbox has run programs as (trainer running as root), for audits and tests."""
+        return frozenset(self._uids_used)
+
     def check(self) -> bool:
-        """Decide once whether runs are isolated; raise ``SandboxUnavailableError`` if required but impossible."""
+        """Decide once what runs use; raise ``SandboxUnavailableError`` if required but impossible.
+
+        Returns whether runs are isolated."""
         with self._lock:
-            if self._isolate is None:
-                reason = isolation_unavailable_reason()
-                if reason is not None and self.isolation == "required":
-                    raise SandboxUnavailableError(
-                        f"sandbox isolation='required' but network/mount/PID namespaces are not available here: "
-                        f"{reason}. Run as root or allow unprivileged user namespaces "
-                        "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0), or set "
-                        "isolation: best_effort (limits only) if the programs are trusted"
-                    )
-                if reason is not None:
-                    warnings.warn(f"sandbox runs without isolation (isolation='best_effort'): {reason}", stacklevel=2)
-                self._isolate = reason is None
-            return self._isolate
+            if self._mode is None:
+                self._mode = decide(self.isolation, probe_containment(), is_root=os.getuid() == 0)
+            return self._mode.isolate
 
     def run(self, files: dict[str, str], entry: str, stdin: str = "") -> SandboxResult:
         """Write ``files`` into a fresh working directory and run ``python <entry>`` there.
@@ -148,166 +143,204 @@ class Sandbox:
             entry: the file to run.
             stdin: text fed to the program's standard input.
         """
-        return self._execute(files, entry, stdin, self.check())
+        self.check()
+        assert self._mode is not None
+        return self._execute(files, entry, stdin, self._mode)
 
-    def _execute(self, files: dict[str, str], entry: str, stdin: str, isolate: bool) -> SandboxResult:
+    def close(self) -> None:
+        """Give back every uid and cgroup this sandbox holds (also done when it is garbage-collected)."""
+        self._finalizer()
+
+    def _execute(self, files: dict[str, str], entry: str, stdin: str, mode: RunMode) -> SandboxResult:
         if entry not in files:
             raise ValueError(f"entry {entry!r} is not among the files {sorted(files)}")
-        slot = self._take_slot()
-        private = Path(tempfile.mkdtemp(prefix="gspo-sandbox-"))
-        try:
-            return self._run_in(private, files, entry, stdin, isolate, slot)
-        finally:
-            _remove_tree(private)
-            self._give_back_slot(slot)
-
-    def _run_in(
-        self, private: Path, files: dict[str, str], entry: str, stdin: str, isolate: bool, slot: int
-    ) -> SandboxResult:
-        workdir = private / "work"
-        workdir.mkdir()
-        (workdir / _PYTHON_MOUNT).mkdir()
-        for name, text in files.items():
-            target = (workdir / name).resolve()
-            if workdir.resolve() not in target.parents:
+        for name in files:
+            if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
                 raise ValueError(f"sandbox file name {name!r} leaves the working directory")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-        run_as = _unprivileged_ids(slot) if isolate and os.getuid() == 0 else None
-        _prepare_permissions(private, workdir, run_as)
-        (private / "stdin").write_text(stdin)
-        spec = self._spec(workdir, entry, isolate, run_as)
-        start = time.monotonic()
-        with (
-            open(private / "stdin", "rb") as stdin_file,
-            open(private / "stdout", "wb") as stdout_file,
-            open(private / "stderr", "wb") as stderr_file,
-        ):
-            process = subprocess.Popen(
-                [sys.executable, "-I", "-S", _LAUNCHER, json.dumps(spec)],
-                stdin=stdin_file,
-                stdout=stdout_file,
-                stderr=stderr_file,
-                env={"PATH": "/usr/bin:/bin"},
-                start_new_session=True,  # its own process group, killed as a whole
-                close_fds=True,
-            )
-            exit_code, timed_out = _wait_or_kill(process, self.limits.wall_time_s)
-        wall = time.monotonic() - start
-        stdout, stderr = (_read_start(private / name, self.limits.output_bytes) for name in ("stdout", "stderr"))
-        error = None
-        if exit_code == ISOLATION_FAILED and isolate:
-            error, exit_code = f"isolation failed: {stderr.strip()}", None
-        elif exit_code == SETUP_FAILED and stderr.startswith("sandbox "):
-            error, exit_code = stderr.strip(), None
-        return SandboxResult(exit_code, stdout, stderr, timed_out, wall, isolate, error)
+        slot = self._take_slot(mode)
+        private = None if mode.isolate else make_private_folder(slot.uid.uid if slot.uid else None)
+        try:
+            return self._launch(self._spec(files, entry, mode, slot, private), stdin, slot)
+        finally:
+            emptied = self._empty(slot)  # before its files are touched
+            if private is not None and not remove_tree(private, time.monotonic() + _CLEANUP_S):
+                raise RuntimeError(f"sandbox folder {private} could not be removed within {_CLEANUP_S} s")
+            self._give_back(slot, emptied)
 
-    def _spec(self, workdir: Path, entry: str, isolate: bool, run_as: tuple[int, int] | None) -> dict:
-        if isolate:  # the program sees the base interpreter through a read-only bind mount
-            version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-            python = str(workdir / _PYTHON_MOUNT / "bin" / version)
-        else:
-            python = sys.executable
+    def _spec(self, files: dict, entry: str, mode: RunMode, slot: _Slot, private: Path | None) -> LaunchSpec:
+        workdir = WORKDIR if mode.isolate else str(private / "work")
+        python = sys.executable if self.isolation == "off" else base_interpreter()  # off: trusted, its packages
         env = {
             "PATH": "/usr/bin:/bin",
-            "HOME": str(workdir),
-            "TMPDIR": str(workdir),
+            "HOME": workdir,
+            "TMPDIR": "/tmp" if mode.isolate else workdir,
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONHASHSEED": "0",
+            "MALLOC_ARENA_MAX": "2",  # each malloc arena reserves 64 MiB of address space: threads would run out
         }
-        return {
-            "isolate": isolate,
-            "workdir": str(workdir),
-            "python_prefix": sys.base_prefix,
-            "argv": [python, "-I", entry],
-            "env": env,
-            "run_as": run_as,
-            "limits": asdict(self.limits),
-        }
+        return LaunchSpec(
+            isolate=mode.isolate,
+            seccomp=mode.seccomp,
+            workdir=workdir,
+            files=dict(files),
+            argv=[python, "-I", entry],
+            env=env,
+            run_as=(slot.uid.uid, slot.uid.uid) if slot.uid else None,
+            limits=self.limits,
+            cgroup_procs=slot.cgroup.procs_files if slot.cgroup else (),
+            root=minimal_root_plan() if mode.isolate else None,
+        )
 
-    def _take_slot(self) -> int:
+    def _launch(self, spec: LaunchSpec, stdin: str, slot: _Slot) -> SandboxResult:
+        streams = [_memory_file("stdin", stdin.encode()), _memory_file("stdout"), _memory_file("stderr")]
+        spec_file, status = _memory_file("spec", spec.to_wire()), _memory_file("status")
+        held = [spec_file, status] + ([slot.uid.descriptor] if slot.uid else [])
+        oom_before = slot.cgroup.oom_kills() if slot.cgroup else 0
+        start = time.monotonic()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-S", _LAUNCHER, *map(str, held)],
+                stdin=streams[0],
+                stdout=streams[1],
+                stderr=streams[2],
+                pass_fds=held,
+                env={"PATH": "/usr/bin:/bin"},
+                close_fds=True,
+                start_new_session=True,  # a signal meant for the trainer's terminal does not reach it
+            )
+            if not _exited_within(process, spec.limits.wall_time_s + _LAUNCHER_GRACE_S):
+                process.kill()  # never expected; killing it takes the run's init, so the whole run, with it
+                process.wait()
+            wall = time.monotonic() - start
+            outcome = Outcome.from_wire(os.pread(status, 1 << 16, 0))
+            stdout, stderr, truncated = _read_outputs(streams[1], streams[2], spec.limits.output_bytes)
+        finally:
+            for descriptor in (*streams, spec_file, status):
+                os.close(descriptor)
+        memory_exceeded = slot.cgroup is not None and slot.cgroup.oom_kills() > oom_before
+        if outcome.error is None and outcome.exit_code is None:
+            outcome.error = f"sandbox launcher failed (exit status {process.returncode}): {stderr.strip()[-500:]}"
+        return SandboxResult(
+            outcome.exit_code if outcome.error is None else None,
+            stdout,
+            stderr,
+            outcome.timed_out,
+            wall,
+            spec.isolate,
+            outcome.error,
+            memory_exceeded,
+            truncated,
+        )
+
+    def _take_slot(self, mode: RunMode) -> _Slot:
         with self._lock:
-            if not self._free_slots:
-                raise RuntimeError(f"more than {_UIDS_PER_PROCESS} concurrent sandbox runs in one Sandbox")
-            return self._free_slots.pop()
-
-    def _give_back_slot(self, slot: int) -> None:
+            if self._free:
+                return self._free.pop()
+        uid = lease_uid() if mode.own_uids else None
+        try:
+            cgroup = self._make_cgroup() if mode.cgroup else None
+        except BaseException:
+            if uid is not None:
+                uid.release()
+            raise
+        slot = _Slot(uid, cgroup)
         with self._lock:
-            self._free_slots.append(slot)
+            self._slots.append(slot)
+            if uid is not None:
+                self._uids_used.add(uid.uid)
+        return slot
+
+    def _make_cgroup(self) -> RunCgroup:
+        limits = CgroupLimits(self.limits.memory_mb * 2**20, self.limits.processes)
+        return RunCgroup(cgroup_name(os.getpid(), next(_slot_names)), find_hierarchies()[0], limits)
+
+    def _empty(self, slot: _Slot) -> bool:
+        """Whether the slot's cgroup is empty (after killing what is left: nothing, unless not isolated)."""
+        return slot.cgroup is None or slot.cgroup.empty(time.monotonic() + 5)
+
+    def _give_back(self, slot: _Slot, emptied: bool) -> None:
+        with self._lock:
+            if emptied:
+                self._free.append(slot)
+                return
+            self._slots.remove(slot)
+        slot.release()
+        raise RuntimeError(f"processes were left in the sandbox cgroup {slot.cgroup.folders} after a run")
 
 
-def _unprivileged_ids(slot: int) -> tuple[int, int]:
-    uid = _UID_BASE + (os.getpid() % 4096) * _UIDS_PER_PROCESS + slot
-    return uid, uid
-
-
-def _prepare_permissions(private: Path, workdir: Path, run_as: tuple[int, int] | None) -> None:
-    """The program's user owns its working directory and may pass through (not list) the private one."""
-    if run_as is None:
-        return
-    private.chmod(stat.S_IRWXU | stat.S_IXGRP | stat.S_IXOTH)  # 0o711
-    for path in [workdir, *workdir.rglob("*")]:
-        if path.name != _PYTHON_MOUNT or path.parent != workdir:
-            os.chown(path, *run_as)
-
-
-def _wait_or_kill(process: subprocess.Popen, wall_time_s: float) -> tuple[int, bool]:
+def _exited_within(process: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait for ``process``; woken by its exit (a pidfd), not by polling as ``Popen.wait(timeout)`` does."""
     try:
-        return process.wait(timeout=wall_time_s), False
-    except subprocess.TimeoutExpired:
-        _kill_group(process.pid)
-        return process.wait(), True
-
-
-def _kill_group(pid: int) -> None:
-    # Killing the launcher also kills the program (parent-death signal) and, when isolated, its whole PID
-    # namespace; the group kill reaches the rest when not isolated.
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # Linux < 5.3
+        try:
+            process.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        ready, _, _ = select.select([pidfd], [], [], timeout_s)
+    finally:
+        os.close(pidfd)
+    if ready:
+        process.wait()
+    return bool(ready)
 
 
-def _read_start(path: Path, limit: int) -> str:
-    with open(path, "rb") as handle:
-        return handle.read(limit).decode("utf-8", errors="replace")
+def _memory_file(name: str, content: bytes = b"") -> int:
+    """An anonymous in-memory file (closed on exec unless handed over), positioned at its start."""
+    descriptor = os.memfd_create(f"gspo-sandbox-{name}")
+    if content:
+        os.write(descriptor, content)
+        os.lseek(descriptor, 0, os.SEEK_SET)
+    return descriptor
 
 
-def _remove_tree(path: Path) -> None:
-    """Remove ``path`` even if the program left unreadable or unwritable directories in it."""
-
-    def make_writable_and_retry(function, failed_path, _):
-        parent = os.path.dirname(failed_path)
-        for target in (parent, failed_path):
-            try:
-                os.chmod(target, stat.S_IRWXU)
-            except OSError:
-                pass
-        function(failed_path)
-
-    shutil.rmtree(path, onerror=make_writable_and_retry)
+def _read_outputs(stdout: int, stderr: int, limit: int) -> tuple[str, str, bool]:
+    texts, truncated = [], False
+    for descriptor in (stdout, stderr):
+        texts.append(os.pread(descriptor, limit, 0).decode("utf-8", errors="replace"))
+        truncated = truncated or os.fstat(descriptor).st_size > limit
+    return texts[0], texts[1], truncated
 
 
-_PROBE_LOCK = threading.Lock()
-_PROBE_RESULT: list[str | None] = []
-
-
-def isolation_unavailable_reason() -> str | None:
-    """None when isolated runs work on this machine, else why not (probed once per process)."""
-    with _PROBE_LOCK:
-        if not _PROBE_RESULT:
-            _PROBE_RESULT.append(_probe_isolation())
-        return _PROBE_RESULT[0]
-
-
-def _probe_isolation() -> str | None:
+@functools.lru_cache(maxsize=1)
+def probe_containment() -> Containment:
+    """What this machine provides (probed once per process, with trivial programs)."""
     if not sys.platform.startswith("linux"):
-        return f"namespaces are Linux-only (this is {sys.platform})"
-    probe = Sandbox(SandboxLimits(wall_time_s=30))
-    result = probe._execute({"probe.py": "print('ok')"}, "probe.py", stdin="", isolate=True)
+        reason = f"Linux only (this is {sys.platform})"
+        return Containment(reason, reason, reason, reason)
+    uids, root = None, os.getuid() == 0
+    if root:
+        try:
+            lease_uid().release()
+        except (OSError, RuntimeError) as error:
+            uids = str(error)
+    namespaces = _probe_run(isolate=True, seccomp=False, own_uids=root and uids is None)
+    isolated = namespaces is None  # outside namespaces another uid may not reach the interpreter: not tried
+    seccomp = _probe_run(isolate=isolated, seccomp=True, own_uids=root and uids is None and isolated)
+    return Containment(namespaces, seccomp, cgroup_unavailable_reason(), uids, unreachable_by_others())
+
+
+def _probe_run(isolate: bool, seccomp: bool, own_uids: bool) -> str | None:
+    """None when a trivial program runs in that mode, else why not."""
+    mode = RunMode(isolate=isolate, seccomp=seccomp, cgroup=False, own_uids=own_uids)
+    probe = Sandbox(SandboxLimits(wall_time_s=30), isolation="best_effort")  # its mode is given, not probed
+    try:
+        result = probe._execute({"probe.py": "print('ok')"}, "probe.py", "", mode)
+    except (OSError, RuntimeError) as error:
+        return f"{type(error).__name__}: {error}"
+    finally:
+        probe.close()
     if result.error is not None:
         return result.error
     if not result.ok or result.stdout.strip() != "ok":
-        return f"a trivial isolated program failed (exit {result.exit_code}): {result.stderr.strip()[-500:]}"
+        return f"a trivial program failed (exit {result.exit_code}): {result.stderr.strip()[-500:]}"
     return None
+
+
+def isolation_unavailable_reason() -> str | None:
+    """None when isolated, filtered runs work on this machine, else why not."""
+    containment = probe_containment()
+    return containment.namespaces or containment.seccomp
