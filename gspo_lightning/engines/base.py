@@ -35,14 +35,14 @@ class EngineSamples:
         logprobs:       [N, R] float32 log-probs of the sampled tokens under the distribution sampled from,
                         log softmax(logits / temperature) as the engine computed them (0 after the end); None when
                         not asked for
-        routed_experts: [N, layers, Lp + R, k] the experts the engine's routers chose for every prompt and response
-                        token (mixture-of-experts policies, engines that report them), else None
+
+    The experts a mixture-of-experts policy routed each token to are recorded by the trainer's pi_old forward
+    (Routing Replay), not reported by the engines.
     """
 
     response_ids: Tensor
     ended: Tensor
     logprobs: Tensor | None = None
-    routed_experts: Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]

@@ -61,8 +61,10 @@ class VLLMEngine(SamplingEngine):
         kv_cache_gib: CPU only: whole GiB of KV cache (``VLLM_CPU_KVCACHE_SPACE``).
         max_model_len: the engine's context length (None: the policy's).
         seed: seeds every request's sampler together with the round and the rank (reproducible runs).
-        return_routed_experts: mixture-of-experts policies: have the engine report the experts it routed each token
-            to (for Routing Replay from the engine's choices).
+
+    Routing Replay from the engine's own expert choices (R3) is not offered: vLLM 0.32 reports routed experts only
+    with its V2 model runner, which needs Triton (GPUs); Routing Replay replays the trainer's pi_old forward
+    (``sampler.old_logprobs: recompute``) with either engine.
     """
 
     name = "vllm"
@@ -78,7 +80,6 @@ class VLLMEngine(SamplingEngine):
         kv_cache_gib: int = 1,
         max_model_len: int | None = None,
         seed: int = 0,
-        return_routed_experts: bool = False,
     ) -> None:
         import_vllm()  # fails when the config is read, naming the extra to install
         require(
@@ -109,7 +110,6 @@ class VLLMEngine(SamplingEngine):
         self.kv_cache_gib = kv_cache_gib
         self.max_model_len = max_model_len
         self.seed = seed
-        self.return_routed_experts = return_routed_experts
         self.llm: Any = None
         self.synced_step: int | None = None
         self._sleeping = False
@@ -240,8 +240,6 @@ class VLLMEngine(SamplingEngine):
             options["distributed_executor_backend"] = "external_launcher"
         if self.max_model_len is not None:
             options["max_model_len"] = self.max_model_len
-        if self.return_routed_experts:
-            options["enable_return_routed_experts"] = True
         return vllm.LLM(**options)
 
 

