@@ -35,16 +35,13 @@ from gspo_lightning.objectives import (
     reward_kl_penalty,
 )
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
+from gspo_lightning.resume import check_fixed_settings, rebase_optimizers
 from gspo_lightning.step_metrics import log_expert_change, log_mismatch, log_step_metrics
 from gspo_lightning.strategies import is_fsdp1, shard_for_strategy
 from gspo_lightning.validation import require
 
 # The policy stays in eval mode on purpose (see configure_model); Lightning's notice about it is noise here.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
-
-RESUME_FIXED = {"policy": "model.policy", "objective": "model.objective", "temperature": "sampler.temperature"}
-"""Module settings a resumed run cannot change (the saved round's pi_old and advantages depend on them), by the
-name a user sets them under (the temperature is the sampler's, linked to the module's)."""
 
 PAPER_CLIP_RANGES = {"sequence": (3e-4, 4e-4), "sequence_token": (3e-4, 4e-4), "token": (0.2, 0.27)}
 """(eps_low, eps_high) of the paper's section 5.1, by ratio level: GSPO's sequence ratio, GRPO's token ratio."""
@@ -298,35 +295,17 @@ class GSPOModule(pl.LightningModule):
             flush_step_metrics(self._trainer)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a resume that changes a fixed setting (``RESUME_FIXED``); remember the checkpoint's optimizer
-        settings so that changed ones take effect (:meth:`on_train_start`)."""
+        """Refuse a resume that changes a fixed setting; remember the checkpoint's optimizer settings so that
+        changed ones take effect (:meth:`on_train_start`)."""
         saved = checkpoint.get("hyper_parameters", {})
-        changed = [
-            f"{label} (checkpoint {saved[key]!r}, now {self.hparams[key]!r})"
-            for key, label in RESUME_FIXED.items()
-            if key in saved and _settings(saved[key]) != _settings(self.hparams[key])
-        ]
-        if changed:
-            raise ValueError(f"cannot resume with a changed {'; '.join(changed)}: start a new run to change it")
+        check_fixed_settings(saved, self.hparams)
         self._checkpoint_hparams = dict(saved)
 
     def on_train_start(self) -> None:
-        # Lightning restores the optimizer's and scheduler's state with the checkpoint's learning rate and weight
-        # decay: the configured ones win, the schedule's position (its factor at this step) is kept.
         saved = self._checkpoint_hparams
-        if not saved or self._trainer is None:
-            return
-        ratio = self.hparams.lr / saved.get("lr", self.hparams.lr)
-        new_decay = saved.get("weight_decay", self.hparams.weight_decay) != self.hparams.weight_decay
-        for optimizer in self.trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] *= ratio
-                if "initial_lr" in group:
-                    group["initial_lr"] *= ratio
-                if new_decay:
-                    group["weight_decay"] = self.hparams.weight_decay
-        for config in self.trainer.lr_scheduler_configs:
-            config.scheduler.base_lrs = [base * ratio for base in config.scheduler.base_lrs]
+        if saved and self._trainer is not None:
+            lr, decay = self.hparams.lr, self.hparams.weight_decay
+            rebase_optimizers(self.trainer, saved.get("lr", lr), lr, saved.get("weight_decay", decay), decay)
         self._checkpoint_hparams = None
 
     def configure_gradient_clipping(
@@ -352,19 +331,6 @@ class GSPOModule(pl.LightningModule):
         warmup = max(self.hparams.warmup_steps, 1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def _settings(value: Any) -> Any:
-    """A comparable form of a setting: plain values as they are, objects (a policy loader, a spec) by their type
-    and public attributes, so that equal settings compare equal across processes."""
-    if isinstance(value, dict):
-        return {key: _settings(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_settings(item) for item in value]
-    if hasattr(value, "__dict__") and not isinstance(value, type):
-        public = {key: _settings(item) for key, item in vars(value).items() if not key.startswith("_")}
-        return (type(value).__qualname__, public)
-    return value
 
 
 def _mean_entropy(entropy: Tensor, minibatch: Minibatch) -> Tensor:

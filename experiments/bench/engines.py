@@ -11,8 +11,8 @@
    median of the repetitions after one warm-up call.
 2. **Seconds per optimizer step.** The training loop (``GroupSampler`` + ``GSPOModule``, K = 4, a reward that
    always varies) on the same model with each engine and ``old_logprobs: engine``, responses capped at M tokens
-   (they end at EOS as the model samples it): the median over the steps after the first round (engine start-up
-   and the first round's compilation excluded), with the sampling share of it.
+   (they end at EOS as the model samples it): the mean over the steps after the first round (one round in K
+   steps samples; engine start-up and the first round excluded), with the sampling share of it.
 
 Every measurement runs in a fresh process (vLLM initialises torch.distributed in the process it runs in).
 """
@@ -144,12 +144,12 @@ def step_worker(args: dict) -> dict:
     trainer = pl.Trainer(
         accelerator=args["device_type"], devices=1, precision=args["precision"], max_steps=args["rounds"] * k,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[sampler, timer],
+        callbacks=[timer, sampler],  # the timer first: its step starts before the sampler samples
     )  # fmt: skip
     torch.manual_seed(0)
     trainer.fit(module, data)
     steps = timer.steps[k:]  # after the first round: engine start-up and warm-up excluded
-    return {"step_s": statistics.median(steps), "generate_s_per_round": statistics.median(sampling[1:])}
+    return {"step_s": statistics.fmean(steps), "generate_s_per_round": statistics.fmean(sampling[1:])}
 
 
 def _run(worker: str, settings: dict) -> dict | None:
