@@ -131,6 +131,10 @@ class VLLMEngine(SamplingEngine):
         )
         self._fsdp1_root = _fsdp1_root(trainer)
         self._world_size = world
+        if world > 1:  # vLLM's external_launcher reads the torch.distributed environment Lightning set up
+            os.environ.setdefault("RANK", str(trainer.global_rank))
+            os.environ.setdefault("LOCAL_RANK", str(getattr(trainer, "local_rank", trainer.global_rank)))
+            os.environ.setdefault("WORLD_SIZE", str(world))
         precision = str(getattr(trainer, "precision", "32-true"))
         self.llm = self._build(pl_module.policy, pl_module.tokenizer, pl_module.device, precision)
         self.sync_weights(trainer, pl_module)
@@ -217,7 +221,7 @@ class VLLMEngine(SamplingEngine):
         self._directory = tempfile.mkdtemp(prefix="gspo_lightning_vllm_")
         base = policy.get_base_model() if callable(getattr(policy, "get_base_model", None)) else policy
         config = copy.deepcopy(base.config)
-        config.architectures = [type(base).__name__]  # a model built from a config alone does not name it
+        config.architectures = [_architecture(base)]  # a model built from a config alone does not name it
         config.save_pretrained(self._directory)  # the architecture only: weights come from the trainer
         tokenizer.save_pretrained(self._directory)
         options: dict[str, Any] = dict(
@@ -273,6 +277,11 @@ def _sampled_logprobs(completions: list[Any], width: int, device: torch.device) 
         for column, (token, entry) in enumerate(zip(completion.token_ids, completion.logprobs or [], strict=False)):
             logprobs[row, column] = entry[token].logprob
     return logprobs.to(device)
+
+
+def _architecture(model: nn.Module) -> str:
+    """The transformers class of ``model`` (FSDP2 makes each sharded module's class a subclass of its own)."""
+    return next(cls.__name__ for cls in type(model).__mro__ if cls.__module__.startswith("transformers."))
 
 
 def _engine_dtype(policy: nn.Module, precision: str) -> str:

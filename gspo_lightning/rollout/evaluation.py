@@ -134,8 +134,7 @@ class HeldOutEvaluation(Callback):
             raise AttributeError(
                 "HeldOutEvaluation needs a data module with heldout_dataloader() (e.g. PromptDataModule)"
             )
-        with inference_context(trainer):
-            self._engine_of(trainer).setup(trainer, pl_module)  # once: the sampler's may already be set up
+        self._engine_of(trainer).setup(trainer, pl_module)  # once: the sampler's may already be set up
 
     def _engine_of(self, trainer: pl.Trainer) -> SamplingEngine:
         """Its own engine, else the training sampler's (one engine, one copy of the weights), else ``hf``."""
@@ -176,8 +175,8 @@ class HeldOutEvaluation(Callback):
         rank = getattr(trainer, "global_rank", 0)
         seed = evaluation_seed(self.seed, trainer.global_step, rank)
         engine = self._engine_of(trainer)
+        engine.before_rollout(trainer, pl_module)  # outside the inference context (see GroupSampler._new_round)
         with isolated_rng(seed, pl_module.device), inference_context(trainer):
-            engine.before_rollout(trainer, pl_module)
             for number, batch in enumerate(trainer.datamodule.heldout_dataloader()):
                 num_correct, counted = self._score_batch(trainer, pl_module, batch, seed + number)  # [P], [P]
                 if bool(counted.any()):

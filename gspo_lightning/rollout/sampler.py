@@ -173,8 +173,7 @@ class GroupSampler(Callback):
                 )
         check_chat_template(trainer.datamodule, pl_module.tokenizer)  # a tokenizer built in configure_model
         check_module_agrees(pl_module, self.settings.temperature, self.settings.max_new_tokens)
-        with inference_context(trainer):
-            self.engine.setup(trainer, pl_module)
+        self.engine.setup(trainer, pl_module)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.reward_runner.close()
@@ -212,8 +211,10 @@ class GroupSampler(Callback):
 
     def _new_round(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch) -> None:
         check_divisible(len(batch) * self.group_size, self.num_minibatches)
+        # Outside the inference context: under FSDP1 that holds the root's parameters gathered, and the engine's
+        # weight sync gathers every unit itself.
+        self.engine.before_rollout(trainer, pl_module)
         with inference_context(trainer):
-            self.engine.before_rollout(trainer, pl_module)
             seed = self.round_seed(batch.rollout_index)
             rollout = self.sample(pl_module, batch.prompts, batch.columns, parameters_are_sharded(trainer), seed)
             self.engine.after_rollout()

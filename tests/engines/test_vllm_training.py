@@ -5,6 +5,7 @@ continues the per-step figures from its checkpoint without a gap or a repeat."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import subprocess
@@ -89,3 +90,22 @@ def test_a_resumed_run_continues_without_a_gap_or_a_repeat(trained):
         for column in COMPARED:
             want, got = float(original[int(row["step"])][column]), float(row[column])
             assert math.isclose(got, want, rel_tol=1e-3, abs_tol=1e-5), (row["step"], column, got, want)
+
+
+MULTI_RANK = {
+    "ddp": "ddp",
+    "fsdp2": json.dumps({"class_path": "gspo_lightning.strategies.DecoderLayerFSDP2"}),
+    "fsdp1": json.dumps({"class_path": "gspo_lightning.strategies.DecoderLayerFSDP"}),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(MULTI_RANK))
+def test_two_ranks_each_sample_with_their_own_engine_from_the_gathered_weights(tmp_path, strategy):
+    """Every rank's engine (vLLM's external_launcher) receives the weights gathered from the shards: the second
+    round's first minibatch, sampled after an update and a sync, is on-policy on both ranks."""
+    config = _config(tmp_path)
+    _fit(config, "--trainer.devices=2", f"--trainer.strategy={MULTI_RANK[strategy]}", "--trainer.max_steps=8",
+         "--evaluation.at_start=false")  # fmt: skip
+    first = [r for r in _rows(tmp_path / "runs/vllm/version_0") if r.get("drift/kl_old_theta_mb0") not in (None, "", "nan")]
+    assert [int(r["step"]) for r in first] == [0, 4]
+    assert max(float(r["diag/abs_log_seq_ratio_p95"]) for r in first) < 1e-3
