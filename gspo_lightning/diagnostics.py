@@ -21,7 +21,6 @@ from gspo_lightning.objectives.clipping import (
     clipped_surrogate,
     mean_over_valid,
     token_log_ratio,
-    validate_clip_range,
     validate_shapes,
 )
 
@@ -158,7 +157,6 @@ def ratio_diagnostics(
     """
     if ratio_level not in RATIO_LEVELS:
         raise ValueError(f"ratio_level must be one of {', '.join(RATIO_LEVELS)}, got {ratio_level!r}")
-    validate_clip_range(eps_low, eps_high)
     validate_shapes(logprobs, old_logprobs, advantages, mask)
     edges = _validate_edges(length_edges)
     logprobs, old_logprobs = logprobs.detach(), old_logprobs.detach()

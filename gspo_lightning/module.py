@@ -43,22 +43,19 @@ from gspo_lightning.validation import require
 # The policy stays in eval mode on purpose (see configure_model); Lightning's notice about it is noise here.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
-PAPER_CLIP_RANGES = {"sequence": (3e-4, 4e-4), "sequence_token": (3e-4, 4e-4), "token": (0.2, 0.27)}
-"""(eps_low, eps_high) of the paper's section 5.1, by ratio level: GSPO's sequence ratio, GRPO's token ratio."""
-
-
 class GSPOModule(pl.LightningModule):
     """Trains a Hugging Face causal LM with GSPO (Eqs. 5, 7) or a relative (GSPO-token, GRPO, DAPO, Dr. GRPO).
 
     Args:
         policy: how to build the policy and its tokenizer (``Pretrained``, ``TinyQwen3``,
             ``WarmStartedTinyQwen3`` or your own ``PolicyLoader``).
-        objective: a preset name (``gspo``, ``gspo_token``, ``grpo``, ``dapo``, ``dr_grpo``) or a spec
-            ``{ratio, aggregation, kl_coef, kl_estimator, max_tokens}`` (see ``ObjectiveSpec``); specs that
-            would silently re-weight responses by length are rejected.
-        eps_low: lower clipping range, ratio clipped at 1 - eps_low (default: the paper's value for the
-            ratio level: 3e-4 for sequence ratios, 0.2 for token ratios).
-        eps_high: upper clipping range, ratio clipped at 1 + eps_high (default: 4e-4 sequence, 0.27 token).
+        objective: a registered objective's name (``gspo``, ``gspo_token``, ``grpo``, ``dapo``, ``dr_grpo``,
+            ``cispo``, ``gmpo``, ``sapo``; see ``gspo_lightning.objectives.OBJECTIVES``) or a spec
+            ``{name, kl_coef, kl_estimator, kl_in, options}`` (see ``ObjectiveSpec``).
+        eps_low: lower clipping range, the ratio clipped at 1 - eps_low (default: the objective's, the paper's
+            value where a paper gives one: 3e-4 for GSPO, 0.2 for GRPO).
+        eps_high: upper clipping range, the ratio clipped at 1 + eps_high (default: the objective's: 4e-4 GSPO,
+            0.27 GRPO, 0.28 DAPO).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up, in optimizer steps; constant afterwards.
@@ -102,10 +99,18 @@ class GSPOModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.objective = _with_token_budget(_resolve(objective), max_new_tokens)
-        default_low, default_high = PAPER_CLIP_RANGES[self.objective.ratio]
+        default_low, default_high = self.objective.objective.clip_range
         self.eps_low = default_low if eps_low is None else eps_low
         self.eps_high = default_high if eps_high is None else eps_high
-        _validate(self.eps_low, self.eps_high, lr, weight_decay, warmup_steps, temperature)
+        self.objective.objective.check_clip_range(self.eps_low, self.eps_high)
+        # The chunked LM head predicts the objective's gradient only for a sum of per-response terms.
+        self._predictable = self.objective.objective.separable
+        if not self._predictable:
+            rank_zero_warn(
+                f"objective {self.objective.name!r} is not a sum of per-response terms: the chunked LM head "
+                "recomputes its gradients in backward (one more matmul per chunk)"
+            )
+        _validate(lr, weight_decay, warmup_steps, temperature)
         require(
             logprob_chunk_size >= 0, f"model.logprob_chunk_size must be >= 0 (0: no chunking), got {logprob_chunk_size}"
         )
@@ -231,7 +236,7 @@ class GSPOModule(pl.LightningModule):
             self.hparams.temperature,
             self.logprob_chunk_size,
             with_entropy=self.hparams.log_entropy,
-            predict_upstream=objective_gradient(self.objective, *terms),
+            predict_upstream=objective_gradient(self.objective, *terms) if self._predictable else None,
         )
 
     def _objective_terms(self, minibatch: Minibatch) -> tuple[tuple[Any, ...], dict[str, Tensor]]:
@@ -254,7 +259,7 @@ class GSPOModule(pl.LightningModule):
 
     @property
     def _sequence_level(self) -> bool:
-        """One ratio per response (GSPO): a rollout correction then weighs responses, not tokens."""
+        """One ratio per response (GSPO, GMPO): a rollout correction then weighs responses, not tokens."""
         return self.objective.ratio == "sequence"
 
     @property
@@ -357,8 +362,8 @@ def _hands_over_hf_checkpointing(policy: nn.Module) -> bool:
 def _with_token_budget(spec: ObjectiveSpec, max_new_tokens: int) -> ObjectiveSpec:
     """Dr. GRPO's constant normaliser defaults to the generation budget, not each minibatch's longest response,
     so that a response's weight does not depend on what it is batched with."""
-    if spec.aggregation == "constant" and spec.max_tokens is None:
-        return replace(spec, max_tokens=max_new_tokens)
+    if "max_tokens" in spec.objective.options and spec.resolved_options["max_tokens"] is None:
+        return replace(spec, options={**spec.options, "max_tokens": max_new_tokens})
     return spec
 
 
@@ -369,11 +374,7 @@ def _resolve(objective: str | ObjectiveSpec) -> ObjectiveSpec:
         raise ValueError(f"model.objective: {error}") from error
 
 
-def _validate(
-    eps_low: float, eps_high: float, lr: float, weight_decay: float, warmup_steps: int, temperature: float
-) -> None:
-    require(0 < eps_low < 1, f"model.eps_low must be in (0, 1), got {eps_low}")
-    require(0 < eps_high < 1, f"model.eps_high must be in (0, 1), got {eps_high}")
+def _validate(lr: float, weight_decay: float, warmup_steps: int, temperature: float) -> None:
     require(lr > 0, f"model.lr must be > 0, got {lr}")
     require(weight_decay >= 0, f"model.weight_decay must be >= 0, got {weight_decay}")
     require(warmup_steps >= 0, f"model.warmup_steps must be >= 0, got {warmup_steps}")

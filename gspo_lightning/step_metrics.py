@@ -15,8 +15,6 @@ from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
 from gspo_lightning.objectives import mismatch_stats
 from gspo_lightning.rollout.types import Minibatch
 
-_RATIO_LEVEL = {"sequence": "sequence", "sequence_token": "sequence", "token": "token"}
-
 
 def log_step_metrics(
     module: pl.LightningModule,
@@ -36,7 +34,7 @@ def log_step_metrics(
         minibatch.response_mask,
         module.eps_low,
         module.eps_high,
-        ratio_level=_RATIO_LEVEL[module.objective.ratio],
+        ratio_level=module.objective.ratio,
         length_edges=length_bucket_edges(module.hparams.max_new_tokens),
     )
     log_across_ranks(module, {"train/loss": loss.detach()}, size)

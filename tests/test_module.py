@@ -13,24 +13,26 @@ from tests.conftest import TINY
 
 @pytest.mark.parametrize(
     ("objective", "clip_range"),
-    [("gspo", (3e-4, 4e-4)), ("gspo_token", (3e-4, 4e-4)), ("grpo", (0.2, 0.27)), ("dapo", (0.2, 0.27))],
+    [("gspo", (3e-4, 4e-4)), ("gspo_token", (3e-4, 4e-4)), ("grpo", (0.2, 0.27)), ("dapo", (0.2, 0.28)),
+     ("gmpo", (0.4, 0.4)), ("cispo", (1.0, 0.28))],  # fmt: skip
 )
 def test_paper_clip_ranges_are_the_defaults(objective, clip_range):
     module = GSPOModule(TinyQwen3(**TINY), objective=objective)
     assert (module.eps_low, module.eps_high) == clip_range
 
 
-def test_a_spec_that_reweights_responses_by_length_is_rejected():
-    with pytest.raises(ValueError, match="re-weights each response by its length"):
-        GSPOModule(TinyQwen3(**TINY), objective=ObjectiveSpec(ratio="sequence", aggregation="token_mean"))
+def test_a_clip_range_outside_the_objectives_bounds_is_rejected():
+    with pytest.raises(ValueError, match=r"model.eps_low must be in \(0, 1\) for objective 'gspo', got 1.5"):
+        GSPOModule(TinyQwen3(**TINY), eps_low=1.5)
+    assert GSPOModule(TinyQwen3(**TINY), objective="gmpo", eps_low=1.5).eps_low == 1.5  # log space: wider
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"eps_low": 0.0}, r"model.eps_low must be in \(0, 1\), got 0.0"),
-        ({"eps_high": 1.0}, r"model.eps_high must be in \(0, 1\), got 1.0"),
-        ({"objective": "ppo"}, r"model.objective: unknown objective 'ppo'; allowed names: dapo, dr_grpo, grpo"),
+        ({"eps_low": 0.0}, r"model.eps_low must be in \(0, 1\) for objective 'gspo', got 0.0"),
+        ({"eps_high": 1.0}, r"model.eps_high must be in \(0, 1\) for objective 'gspo', got 1.0"),
+        ({"objective": "ppo"}, r"model.objective: unknown objective 'ppo'; allowed names: cispo, dapo, dr_grpo"),
         ({"lr": -1.0}, "model.lr must be > 0"),
     ],
 )
@@ -72,7 +74,7 @@ def test_training_step_on_first_minibatch_is_on_policy(objective):
 
 
 def test_kl_penalty_uses_a_frozen_reference_kept_on_cpu():
-    spec = ObjectiveSpec(ratio="sequence", kl_coef=0.1, kl_estimator="k3")
+    spec = ObjectiveSpec("gspo", kl_coef=0.1, kl_estimator="k3")
     module = GSPOModule(TinyQwen3(**TINY), objective=spec, reference_on_cpu=True)
     logged = _first_step(module)
     reference = module.reference_policy
@@ -83,7 +85,7 @@ def test_kl_penalty_uses_a_frozen_reference_kept_on_cpu():
 
 
 def test_a_kl_reward_penalty_builds_the_reference_and_leaves_the_loss_alone():
-    spec = ObjectiveSpec(ratio="sequence", kl_coef=0.1, kl_estimator="k1", kl_in="reward")
+    spec = ObjectiveSpec("gspo", kl_coef=0.1, kl_estimator="k1", kl_in="reward")
     module = GSPOModule(TinyQwen3(**TINY), objective=spec)
     logged = _first_step(module)
     assert module.reference_policy is not None and module.kl_reward_penalty.coef == 0.1
@@ -91,10 +93,10 @@ def test_a_kl_reward_penalty_builds_the_reference_and_leaves_the_loss_alone():
 
 
 def test_dr_grpo_normalises_by_the_generation_budget_unless_told_otherwise():
-    assert GSPOModule(TinyQwen3(**TINY), objective="dr_grpo", max_new_tokens=32).objective.max_tokens == 32
-    spec = ObjectiveSpec(ratio="token", aggregation="constant", max_tokens=7)
-    assert GSPOModule(TinyQwen3(**TINY), objective=spec, max_new_tokens=32).objective.max_tokens == 7
-    assert GSPOModule(TinyQwen3(**TINY), objective="grpo").objective.max_tokens is None
+    assert GSPOModule(TinyQwen3(**TINY), objective="dr_grpo", max_new_tokens=32).objective.options["max_tokens"] == 32
+    spec = ObjectiveSpec("dr_grpo", options={"max_tokens": 7})
+    assert GSPOModule(TinyQwen3(**TINY), objective=spec, max_new_tokens=32).objective.options["max_tokens"] == 7
+    assert GSPOModule(TinyQwen3(**TINY), objective="grpo").objective.options == {}
 
 
 def test_training_step_without_sampler_says_what_is_missing():
@@ -123,7 +125,7 @@ def _off_policy_gradients(chunk_size: int, objective) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize(
-    "objective", ["gspo", "grpo", "dr_grpo", ObjectiveSpec(ratio="sequence", kl_coef=0.1, kl_estimator="k3")]
+    "objective", ["gspo", "grpo", "dr_grpo", ObjectiveSpec("gspo", kl_coef=0.1, kl_estimator="k3")]
 )
 def test_chunked_training_step_has_the_materialised_gradients(monkeypatch, objective):
     from gspo_lightning import chunked_logprobs
@@ -152,7 +154,7 @@ def test_under_bf16_true_the_kl_reference_runs_in_the_policys_dtype(tmp_path):
     from gspo_lightning.data import ArithmeticTask, PromptDataModule
     from tests.fault_helpers import length_reward
 
-    spec = ObjectiveSpec(ratio="sequence", kl_coef=0.1, kl_estimator="k3")
+    spec = ObjectiveSpec("gspo", kl_coef=0.1, kl_estimator="k3")
     module = GSPOModule(TinyQwen3(**TINY), objective=spec, max_new_tokens=4)
     data = PromptDataModule(ArithmeticTask(train_size=32, eval_size=4), "{question}=", prompts_per_rollout=2,
                             minibatches_per_rollout=1)  # fmt: skip

@@ -137,3 +137,30 @@ def ratio_stats(ratio: Tensor, valid: Tensor) -> dict[str, Tensor]:
         "ratio_min": torch.where(any_valid, lowest, one),
         "ratio_max": torch.where(any_valid, highest, one),
     }
+
+
+def surrogate_stats(
+    clipped_low_tokens: Tensor,
+    clipped_high_tokens: Tensor,
+    lengths: Tensor,
+    ratio: Tensor,
+    ratio_valid: Tensor,
+    log_ratio: Tensor,
+    valid: Tensor,
+) -> dict[str, Tensor]:
+    """What every clipped objective reports, detached float32: ``clip_frac`` (and ``_low`` / ``_high``: response
+    tokens whose gradient the clip removes, over all response tokens), ``ratio_mean/min/max`` (of ``ratio`` where
+    ``ratio_valid``), ``seq_log_ratio_abs_mean`` (mean |log s_i| over valid responses) and ``num_empty``.
+
+    Args:
+        clipped_low_tokens, clipped_high_tokens: [] counts of clipped response tokens on each side.
+        lengths: [N] response lengths.
+        ratio, ratio_valid: the objective's ratio ([N] or [N, T]) and where it is defined.
+        log_ratio: [N] each response's length-normalised log-ratio (GSPO's log s_i).
+        valid: [N] responses with tokens.
+    """
+    stats = clip_fraction_stats(clipped_low_tokens, clipped_high_tokens, lengths.sum())
+    stats.update(ratio_stats(ratio, ratio_valid))
+    stats["seq_log_ratio_abs_mean"] = mean_over_valid(log_ratio.detach().abs(), valid)
+    stats["num_empty"] = (~valid).sum().float()
+    return {name: value.detach().float() for name, value in stats.items()}

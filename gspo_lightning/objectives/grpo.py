@@ -1,31 +1,24 @@
-"""GRPO, the token-level baseline (GSPO paper Eq. 2), and the aggregations that DAPO and Dr. GRPO use instead.
-
-The three losses share one token-level clipped surrogate ``min(w_i,t A_i, clip(w_i,t) A_i)``; they differ only
-in how its tokens are aggregated (see ``aggregation``), which changes how much each response weighs.
+"""GRPO, the token-level baseline (GSPO paper Eq. 2), and its token-level clipped surrogate
+``min(w_i,t A_i, clip(w_i,t) A_i)``, which DAPO (``dapo.py``) and Dr. GRPO (``dr_grpo.py``) aggregate differently.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from gspo_lightning.objectives.aggregation import (
-    aggregate_constant,
-    aggregate_sequence_mean,
-    aggregate_token_mean,
-    masked_values,
-)
+from gspo_lightning.objectives.aggregation import aggregate_sequence_mean, masked_values
 from gspo_lightning.objectives.clipping import (
-    clip_fraction_stats,
     clipped_surrogate,
     exp_with_linear_tail,
-    mean_over_valid,
-    ratio_stats,
+    surrogate_stats,
     token_log_ratio,
     validate_clip_range,
     validate_shapes,
 )
 from gspo_lightning.objectives.gspo import sequence_log_ratio
 from gspo_lightning.objectives.gspo_token import per_token_advantages
+from gspo_lightning.objectives.registry import Objective, register
 
 
 def grpo_token_objective(
@@ -47,14 +40,11 @@ def grpo_token_objective(
         token_ratio, per_token_advantages(advantages, token_mask), eps_low, eps_high
     )  # [N, T] each
 
-    stats = clip_fraction_stats(
-        (clipped_low & token_mask).sum(), (clipped_high & token_mask).sum(), lengths.sum()
-    )
-    stats.update(ratio_stats(token_ratio, token_mask))
     log_ratio = sequence_log_ratio(logprobs.detach(), old_logprobs, mask)  # [N]
-    stats["seq_log_ratio_abs_mean"] = mean_over_valid(log_ratio.abs(), valid)
-    stats["num_empty"] = (~valid).sum().float()
-    stats = {name: value.detach().float() for name, value in stats.items()}
+    stats = surrogate_stats(
+        (clipped_low & token_mask).sum(), (clipped_high & token_mask).sum(), lengths, token_ratio, token_mask,
+        log_ratio, valid,
+    )  # fmt: skip
     return masked_values(token_objective, token_mask), token_mask, stats
 
 
@@ -90,37 +80,37 @@ def grpo_loss(
     return -aggregate_sequence_mean(token_objective, token_mask), stats
 
 
-def grpo_token_mean_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """DAPO's token-level loss (Yu et al., 2025, arXiv 2503.14476): GRPO's surrogate, one global token mean.
+def token_surrogate_reference(logprobs, old_logprobs, advantages, mask, eps_low, eps_high):
+    """The per-token clipped surrogate of each response, token by token (float64): [[term, ...], ...]."""
+    rows = []
+    for i in range(len(logprobs)):
+        terms = []
+        for t in range(logprobs.shape[1]):
+            if mask[i, t] == 0:
+                continue
+            ratio = torch.exp(logprobs[i, t].double() - old_logprobs[i, t].double())
+            a = (advantages[i, t] if advantages.dim() == 2 else advantages[i]).double()
+            terms.append(torch.minimum(ratio * a, ratio.clamp(1 - eps_low, 1 + eps_high) * a))
+        rows.append(terms)
+    return rows
 
-    ``-sum_i sum_t min(w_i,t A_i, clip(w_i,t) A_i) / sum_i |y_i|`` over the minibatch: a response weighs
-    ``|y_i| / sum_j |y_j|``, so long responses count more than under Eq. 2. Arguments and stats as ``grpo_loss``.
-    """
-    token_objective, token_mask, stats = grpo_token_objective(
-        logprobs, old_logprobs, advantages, mask, eps_low, eps_high
-    )  # [N, T], [N, T]
-    return -aggregate_token_mean(token_objective, token_mask), stats
+
+def grpo_reference_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high):
+    """Eq. 2 response by response: each response's token mean, then the mean over responses."""
+    rows = [terms for terms in token_surrogate_reference(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+            if terms]  # fmt: skip
+    return -(sum(sum(terms) / len(terms) for terms in rows) / len(rows)) if rows else logprobs.sum() * 0.0, {}
 
 
-def dr_grpo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    eps_low: float,
-    eps_high: float,
-    max_tokens: int | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Dr. GRPO's loss (Liu et al., 2025, arXiv 2503.20783): GRPO's surrogate over a constant normaliser.
-
-    ``-sum_i sum_t min(w_i,t A_i, clip(w_i,t) A_i) / (N * max_tokens)``: no 1/|y_i| length normalisation
-    (N counts all rows, empty ones included). ``max_tokens`` defaults to ``T = mask.shape[1]``; pass the
-    generation budget to keep it the same across minibatches. Dr. GRPO also drops the std from the advantages
-    (``group_advantages(..., scale="none")``). Other arguments and stats as ``grpo_loss``.
-    """
-    token_objective, token_mask, stats = grpo_token_objective(
-        logprobs, old_logprobs, advantages, mask, eps_low, eps_high
-    )  # [N, T], [N, T]
-    return -aggregate_constant(token_objective, token_mask, max_tokens), stats
+register(
+    Objective(
+        name="grpo",
+        loss=grpo_loss,
+        reference_loss=grpo_reference_loss,
+        ratio="token",
+        aggregation="sequence_mean",
+        clip_range=(0.2, 0.27),
+        per_token_advantages=True,
+        paper="GRPO (Shao et al., 2024) as the GSPO paper writes it, Eq. 2; section 5.1's tuned clip range",
+    )
+)

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from gspo_lightning.objectives.clipping import (
-    clip_fraction_stats,
     clipped_surrogate,
     exp_with_linear_tail,
     mean_over_valid,
-    ratio_stats,
+    surrogate_stats,
     token_log_ratio,
     validate_clip_range,
     validate_shapes,
 )
+from gspo_lightning.objectives.registry import Objective, register
 
 
 def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -39,6 +40,15 @@ def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> 
     return summed / lengths.clamp(min=1.0)  # [N]
 
 
+def sequence_ratio(log_ratio: Tensor, max_log_ratio: float | None = None) -> Tensor:
+    """``s_i = exp(log s_i)`` [N]: with ``max_log_ratio`` C, ``exp(clamp(log s_i, -C, C))``, so that no response,
+    however far off-policy, gives an inf or NaN ratio (the gradient is 0 beyond C, where the clip range lies far
+    inside anyway); without it, exact up to log s = 20 and continued linearly beyond (``exp_with_linear_tail``)."""
+    if max_log_ratio is None:
+        return exp_with_linear_tail(log_ratio)
+    return torch.exp(log_ratio.clamp(-max_log_ratio, max_log_ratio))
+
+
 def gspo_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -46,6 +56,7 @@ def gspo_loss(
     mask: Tensor,
     eps_low: float,
     eps_high: float,
+    max_log_ratio: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``-J_GSPO``: minus the mean over responses of ``min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i)``.
 
@@ -53,8 +64,7 @@ def gspo_loss(
     weighs ``1 / N_valid`` whatever its length: a token mean would re-weight responses by length and is not
     GSPO. Responses with no tokens are left out of the mean; if none has tokens the loss is a zero still
     attached to ``logprobs`` (its backward gives zero gradients). ``old_logprobs`` and ``advantages`` are
-    constants of the objective (detached). ``s_i = exp(log s_i)`` is exact up to ``log s_i = 20``; beyond it
-    ``exp_with_linear_tail`` keeps value and gradient finite without dropping the real gradient of A < 0.
+    constants of the objective (detached). See :func:`sequence_ratio` for ``max_log_ratio``.
 
     Args:
         logprobs, old_logprobs, mask: [N, T] (see ``sequence_log_ratio``).
@@ -72,17 +82,42 @@ def gspo_loss(
     lengths = (mask != 0).sum(dim=1).float()  # [N]
     valid = lengths > 0  # [N]
     log_ratio = sequence_log_ratio(logprobs, old_logprobs, mask)  # [N]
-    ratio = exp_with_linear_tail(log_ratio)  # [N], exact exp up to log s = 20, finite beyond
+    ratio = sequence_ratio(log_ratio, max_log_ratio)  # [N]
     objective, clipped_low, clipped_high = clipped_surrogate(
         ratio, advantages.detach().float(), eps_low, eps_high
     )  # [N] each
     loss = -mean_over_valid(objective, valid)  # []
-
     # Empty responses have length 0, so they never count towards the token-weighted clip fractions.
-    stats = clip_fraction_stats(
-        (lengths * clipped_low).sum(), (lengths * clipped_high).sum(), lengths.sum()
+    stats = surrogate_stats(
+        (lengths * clipped_low).sum(), (lengths * clipped_high).sum(), lengths, ratio, valid, log_ratio, valid
     )
-    stats.update(ratio_stats(ratio, valid))
-    stats["seq_log_ratio_abs_mean"] = mean_over_valid(log_ratio.detach().abs(), valid)
-    stats["num_empty"] = (~valid).sum().float()
-    return loss, {name: value.detach().float() for name, value in stats.items()}
+    return loss, stats
+
+
+def gspo_reference_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, max_log_ratio=None):
+    """Eqs. 5 and 7 response by response, token by token (float64): the oracle of the tests."""
+    terms = []
+    for i in range(len(logprobs)):
+        tokens = [t for t in range(logprobs.shape[1]) if mask[i, t] != 0]
+        if not tokens:
+            continue
+        log_s = sum(logprobs[i, t].double() - old_logprobs[i, t].double() for t in tokens) / len(tokens)
+        if max_log_ratio is not None:
+            log_s = log_s.clamp(-max_log_ratio, max_log_ratio)
+        s, a = torch.exp(log_s), advantages[i].double()
+        terms.append(torch.minimum(s * a, s.clamp(1 - eps_low, 1 + eps_high) * a))
+    return -(sum(terms) / len(terms)) if terms else logprobs.sum() * 0.0, {}
+
+
+register(
+    Objective(
+        name="gspo",
+        loss=gspo_loss,
+        reference_loss=gspo_reference_loss,
+        ratio="sequence",
+        aggregation="sequence_mean",
+        clip_range=(3e-4, 4e-4),
+        options={"max_log_ratio": None},
+        paper="GSPO (Zheng et al., 2025, arXiv 2507.18071), Eqs. 5, 7; section 5.1's clip range",
+    )
+)

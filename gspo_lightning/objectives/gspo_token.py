@@ -7,15 +7,14 @@ from torch import Tensor
 
 from gspo_lightning.objectives.aggregation import aggregate_sequence_mean
 from gspo_lightning.objectives.clipping import (
-    clip_fraction_stats,
     clipped_surrogate,
     exp_with_linear_tail,
-    mean_over_valid,
-    ratio_stats,
+    surrogate_stats,
     validate_clip_range,
     validate_shapes,
 )
 from gspo_lightning.objectives.gspo import sequence_log_ratio
+from gspo_lightning.objectives.registry import Objective, register
 
 
 def gspo_token_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -82,11 +81,39 @@ def gspo_token_loss(
         token_ratio, per_token_advantages(advantages, token_mask), eps_low, eps_high
     )  # [N, T] each
     loss = -aggregate_sequence_mean(token_objective, token_mask)  # []
+    stats = surrogate_stats(
+        (clipped_low & token_mask).sum(), (clipped_high & token_mask).sum(), lengths,
+        exp_with_linear_tail(log_ratio), valid, log_ratio, valid,
+    )  # fmt: skip
+    return loss, stats
 
-    stats = clip_fraction_stats(
-        (clipped_low & token_mask).sum(), (clipped_high & token_mask).sum(), lengths.sum()
+
+def gspo_token_reference_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high):
+    """Eqs. 13-17 token by token (float64): s_i,t = sg[s_i] pi / sg[pi], each token's min, per-response mean."""
+    responses = []
+    for i in range(len(logprobs)):
+        tokens = [t for t in range(logprobs.shape[1]) if mask[i, t] != 0]
+        if not tokens:
+            continue
+        log_s = sum(logprobs[i, t].double() - old_logprobs[i, t].double() for t in tokens) / len(tokens)
+        terms = []
+        for t in tokens:
+            ratio = torch.exp(log_s.detach() + logprobs[i, t].double() - logprobs[i, t].double().detach())
+            a = (advantages[i, t] if advantages.dim() == 2 else advantages[i]).double()
+            terms.append(torch.minimum(ratio * a, ratio.clamp(1 - eps_low, 1 + eps_high) * a))
+        responses.append(sum(terms) / len(terms))
+    return -(sum(responses) / len(responses)) if responses else logprobs.sum() * 0.0, {}
+
+
+register(
+    Objective(
+        name="gspo_token",
+        loss=gspo_token_loss,
+        reference_loss=gspo_token_reference_loss,
+        ratio="sequence",
+        aggregation="sequence_mean",
+        clip_range=(3e-4, 4e-4),
+        per_token_advantages=True,
+        paper="GSPO (Zheng et al., 2025, arXiv 2507.18071), Eqs. 13-17",
     )
-    stats.update(ratio_stats(exp_with_linear_tail(log_ratio), valid))
-    stats["seq_log_ratio_abs_mean"] = mean_over_valid(log_ratio.abs(), valid)
-    stats["num_empty"] = (~valid).sum().float()
-    return loss, {name: value.detach().float() for name, value in stats.items()}
+)

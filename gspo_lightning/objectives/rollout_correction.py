@@ -112,7 +112,8 @@ def _truncated_importance_sampling(
         capped = mean_log_ratio > bound  # [N]
         weight = exp_with_linear_tail(torch.minimum(mean_log_ratio, bound))  # [N]
         truncated = (capped.float() * lengths).sum()  # tokens of capped responses
-        return CorrectedTerms(advantages * weight, token_mask, _stats(token_mask, token_mask, truncated, tokens))
+        per_response = weight if advantages.dim() == 1 else weight[:, None]  # [N] or [N, 1]
+        return CorrectedTerms(advantages * per_response, token_mask, _stats(token_mask, token_mask, truncated, tokens))
     capped = (log_ratio > bound) & token_mask  # [N, T]
     weight = torch.where(token_mask, exp_with_linear_tail(torch.minimum(log_ratio, bound)), 1.0)  # [N, T]
     per_token = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(weight)  # [N, T]

@@ -110,7 +110,7 @@ def test_logits_to_keep_and_generate_work_through_the_peft_wrapper(tokenizer):
 
 
 def test_kl_reference_is_a_frozen_copy_of_the_initial_adapted_policy():
-    spec = ObjectiveSpec(ratio="sequence", kl_coef=0.1, kl_estimator="k3")
+    spec = ObjectiveSpec("gspo", kl_coef=0.1, kl_estimator="k3")
     module = GSPOModule(_lora(), objective=spec, lr=1e-2, max_new_tokens=4)
     module.configure_model()
     module.on_fit_start()

@@ -105,7 +105,7 @@ def naive_sequence_mean(values: Tensor, mask: Tensor) -> Tensor:
     return sum(means) / len(means)
 
 
-@pytest.mark.parametrize("preset", ["gspo", "gspo_token", "grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("preset", sorted(OBJECTIVE_PRESETS))
 @pytest.mark.parametrize("estimator", ["k2", "k3"])
 def test_objective_loss_adds_exactly_kl_coef_times_the_aggregated_kl(preset: str, estimator: str) -> None:
     logprobs, old, advantages, mask = random_batch(5, [6, 1, 0, 4, 2, 6], 0.3)
@@ -117,7 +117,7 @@ def test_objective_loss_adds_exactly_kl_coef_times_the_aggregated_kl(preset: str
     base, base_stats = objective_loss(base_spec, logprobs, old, advantages, mask, 0.2, 0.27)
     (base_grad,) = torch.autograd.grad(base, logprobs)
     aggregate = {"sequence_mean": aggregate_sequence_mean, "token_mean": aggregate_token_mean,
-                 "constant": aggregate_constant}[spec.aggregation]
+                 "constant": aggregate_constant}[spec.objective.aggregation]
     kl = aggregate(kl_penalty(logprobs, ref, mask, estimator), mask)
     (kl_grad,) = torch.autograd.grad(kl, logprobs)
 
@@ -126,7 +126,7 @@ def test_objective_loss_adds_exactly_kl_coef_times_the_aggregated_kl(preset: str
     assert torch.equal(stats["kl"], kl.detach()) and "kl" not in base_stats
     assert all(torch.equal(value, stats[name]) for name, value in base_stats.items())
     assert torch.isfinite(grad).all() and torch.equal(grad[~mask], torch.zeros(int((~mask).sum())))
-    if spec.aggregation == "sequence_mean":
+    if spec.objective.aggregation == "sequence_mean":
         close(kl, naive_sequence_mean(kl_penalty(logprobs, ref, mask, estimator), mask).float())
 
 
