@@ -19,7 +19,8 @@ import lightning.pytorch as pl
 import torch
 
 SUMMED = frozenset(
-    {"num_empty", "reward_errors", "groups_skipped", "prompts_truncated", "prompts_skipped", "nonfinite_loss"}
+    {"num_empty", "reward_errors", "groups_skipped", "prompts_truncated", "prompts_skipped", "nonfinite_loss",
+     "groups_drawn", "groups_dropped", "groups_kept", "truncated_masked"}
 )
 """Counts: the run's figure is the sum over ranks."""
 

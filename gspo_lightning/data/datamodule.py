@@ -20,7 +20,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from gspo_lightning.data.checks import check_rows
 from gspo_lightning.data.formatting import PromptFormatter
 from gspo_lightning.data.sources import PromptSource
-from gspo_lightning.data.stream import PromptStream, make_prompt_batch
+from gspo_lightning.data.stream import PromptStream, make_prompt_batch, replace_seed
 from gspo_lightning.rollout.types import PromptBatch
 
 SPLITS = ("train", "eval")
@@ -138,6 +138,8 @@ class PromptDataModule(LightningDataModule):
         self.rank, self.world_size = 0, 1
         self._splits: datasets.DatasetDict | None = None
         self._train_loader: PromptLoader | None = None
+        self._refill: PromptStream | None = None
+        self._refill_state: dict[str, Any] | None = None
 
     def setup(self, stage: str | None = None) -> None:
         """Load the source (once) and check it against the template and this rank's share."""
@@ -190,6 +192,27 @@ class PromptDataModule(LightningDataModule):
             world_size=self.world_size,
             columns=list(train.column_names),
         )
+
+    def draw_prompts(self) -> PromptBatch:
+        """One more batch of P training prompts on this rank, for the sampler's dynamic sampling.
+
+        They come from a second stream over the training split with its own shuffle (``seed`` + 1), so the main
+        stream's position, and with it exact resume, is untouched; this stream's position is saved with the data
+        module's state. The held-out split is never drawn.
+        """
+        if self._refill is None:
+            self._refill = replace_seed(self._train_stream(), self.seed + 1, minibatches_per_rollout=1)
+            if self._refill_state is not None:
+                self._refill.load_state_dict(self._refill_state)
+        return next(iter(self._refill))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dynamic-sampling stream's position (the main stream's travels with its data loader)."""
+        return {"refill": self._refill.state_dict()} if self._refill is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._refill_state = state_dict.get("refill")
+        self._refill = None  # rebuilt at the next draw, from the saved position
 
     def train_dataloader(self) -> PromptLoader:
         """The endless training stream; stop training with ``max_steps``."""

@@ -199,3 +199,17 @@ class PromptStream(IterableDataset):
         if self._state_at(item) != {**state, **self._layout()}:
             raise ValueError(f"inconsistent prompt stream state {state}; expected {self._state_at(item)}")
         self._next_item = item
+
+
+def replace_seed(stream: PromptStream, seed: int, minibatches_per_rollout: int | None = None) -> PromptStream:
+    """A stream over the same rows and ranks with another shuffle (and optionally another K), from its start."""
+    return PromptStream(
+        stream.dataset,
+        stream.formatter,
+        stream.prompts_per_rollout,
+        minibatches_per_rollout or stream.minibatches_per_rollout,
+        seed=seed,
+        rank=stream.rank,
+        world_size=stream.world_size,
+        columns=stream.columns,
+    )

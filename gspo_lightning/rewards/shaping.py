@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 
 class FormatReward:
@@ -27,40 +27,58 @@ class FormatReward:
 
 
 class LengthPenalty:
-    """A penalty on long completions, measured in characters (no tokenizer needed).
+    """A penalty on long completions, measured in the policy's tokens (DAPO's overlong reward shaping, section 3.4).
 
-    With ``n = len(completion)``: 0.0 for ``n <= max_tokens_soft``, then linearly down to -1.0 at
+    With ``n`` the completion's length: 0.0 for ``n <= max_tokens_soft``, then linearly down to -1.0 at
     ``n = max_tokens_hard`` (``-(n - soft) / (hard - soft)``), and -1.0 beyond; a non-string completion gets -1.0.
+    ``GroupSampler`` hands it the policy's tokenizer at fit start (``setup``), so ``n`` counts the tokens the policy
+    generated (the completion's text re-encoded without special tokens).
 
     Args:
-        max_tokens_soft: length (characters) up to which there is no penalty; >= 0.
-        max_tokens_hard: length (characters) at which the penalty reaches -1; > ``max_tokens_soft``.
-        tokenizer_free: must be True: lengths are counted in characters (token counts are not supported).
+        max_tokens_soft: length up to which there is no penalty; >= 0.
+        max_tokens_hard: length at which the penalty reaches -1; > ``max_tokens_soft``.
+        unit: ``tokens`` (the default) or ``characters`` (no tokenizer needed).
     """
 
-    def __init__(self, max_tokens_soft: int, max_tokens_hard: int, tokenizer_free: bool = True) -> None:
+    def __init__(self, max_tokens_soft: int, max_tokens_hard: int, unit: Literal["tokens", "characters"] = "tokens") -> None:
         for name, value in (("max_tokens_soft", max_tokens_soft), ("max_tokens_hard", max_tokens_hard)):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r}")
+                raise TypeError(f"LengthPenalty.{name} must be an int, got {value!r}")
         if max_tokens_soft < 0:
-            raise ValueError(f"max_tokens_soft must be >= 0, got {max_tokens_soft}")
+            raise ValueError(f"LengthPenalty.max_tokens_soft must be >= 0, got {max_tokens_soft}")
         if max_tokens_hard <= max_tokens_soft:
             raise ValueError(
-                f"max_tokens_hard ({max_tokens_hard}) must be greater than max_tokens_soft ({max_tokens_soft})"
+                f"LengthPenalty.max_tokens_hard ({max_tokens_hard}) must be greater than max_tokens_soft "
+                f"({max_tokens_soft})"
             )
-        if not tokenizer_free:
-            raise ValueError("tokenizer_free=False is not supported: LengthPenalty counts characters")
+        if unit not in ("tokens", "characters"):
+            raise ValueError(f"LengthPenalty.unit must be one of ['tokens', 'characters'], got {unit!r}")
         self.max_tokens_soft = max_tokens_soft
         self.max_tokens_hard = max_tokens_hard
-        self.tokenizer_free = tokenizer_free
+        self.unit = unit
+        self.tokenizer: Any = None
+
+    def setup(self, tokenizer: Any) -> None:
+        """Count lengths with ``tokenizer`` (the policy's; ``GroupSampler`` calls this at fit start)."""
+        self.tokenizer = tokenizer
 
     def penalty(self, length: int) -> float:
-        """The penalty for a completion of ``length`` characters."""
+        """The penalty for a completion of ``length`` units."""
         if length <= self.max_tokens_soft:
             return 0.0
         if length >= self.max_tokens_hard:
             return -1.0
         return -(length - self.max_tokens_soft) / (self.max_tokens_hard - self.max_tokens_soft)
 
+    def length(self, completion: str) -> int:
+        if self.unit == "characters":
+            return len(completion)
+        if self.tokenizer is None:
+            raise RuntimeError(
+                "LengthPenalty counts the policy's tokens but has no tokenizer: GroupSampler hands it over at fit "
+                "start (LengthPenalty.setup(tokenizer)); outside it call setup yourself, or set unit: characters"
+            )
+        return len(self.tokenizer(completion, add_special_tokens=False)["input_ids"])
+
     def __call__(self, prompts: list[Any], completions: list[str], **columns: list[Any]) -> list[float]:
-        return [self.penalty(len(c)) if isinstance(c, str) else -1.0 for c in completions]
+        return [self.penalty(self.length(c)) if isinstance(c, str) else -1.0 for c in completions]

@@ -47,13 +47,15 @@ def split_minibatches(
     reference: nn.Module | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     old_from_engine: bool = False,
+    mask_truncated: bool = False,
 ) -> list[Minibatch]:
     """Cut the rollout into K contiguous minibatches and attach pi_old's per-token log-probs to each.
 
     Contiguous rows keep a prompt's G responses together whenever G divides N / K. With ``old_from_engine`` the
     engine's own log-probs (``rollout.engine_logprobs``) are pi_old; otherwise they are recomputed here and the
     engine's, when the rollout has them, travel along as ``engine_logprobs`` (mismatch correction). With a ``reference``
-    policy (KL penalty), its log-probs are recorded too, on the reference's own device (it may live on CPU).
+    policy (KL penalty), its log-probs are recorded too, on the reference's own device (it may live on CPU). With
+    ``mask_truncated`` the responses that never reached EOS get an empty response mask (left out of the loss).
     Call it inside the same precision context as ``training_step``.
     """
     check_divisible(len(rollout), num_minibatches)
@@ -79,6 +81,8 @@ def split_minibatches(
                 reference, input_ids, attention_mask, response_ids.shape[1], temperature, chunk_size
             )
         )  # [n, R']
+        if mask_truncated:  # after pi_old's forward, which still sees every token
+            response_mask = response_mask * ~rollout.truncated[rows, None].to(response_mask.device)  # [n, R']
         minibatches.append(
             Minibatch(
                 input_ids=input_ids,

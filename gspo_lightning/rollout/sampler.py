@@ -30,6 +30,13 @@ from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale, KLReward
 from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
 from gspo_lightning.rewards.scoring import RewardErrors, RewardFunction
 from gspo_lightning.rollout.context import inference_context, parameters_are_sharded
+from gspo_lightning.rollout.dynamic_sampling import (
+    choose_groups,
+    concat_rollouts,
+    informative_groups,
+    select_groups,
+    with_advantages,
+)
 from gspo_lightning.rollout.eval_sampling import evaluation_seed
 from gspo_lightning.rollout.generation import SamplingSettings
 from gspo_lightning.rollout.minibatches import check_divisible, split_minibatches
@@ -61,7 +68,8 @@ class GroupSampler(Callback):
     Args:
         rewards: reward functions ``(prompts, completions, **columns) -> list[float]``, by import path or
             ``class_path``; their weighted sum is the reward. A reward with a ``required_columns`` attribute
-            has those columns checked against the data when it is set up, before the model loads.
+            has those columns checked against the data when it is set up, before the model loads; one with a
+            ``setup(tokenizer)`` method gets the policy's tokenizer at fit start.
         reward_weights: one weight per reward function (default: all 1.0).
         group_size: G, responses sampled per prompt (>= 2: advantages compare responses within a group).
         num_minibatches: K, optimizer steps per rollout batch (the paper uses 4); must divide P x G.
@@ -107,6 +115,16 @@ class GroupSampler(Callback):
             1 on a round's first minibatch). ``engine``: the log-probs the engine computed while sampling, used
             directly (no second forward); its rollout-training mismatch then shows as ratios != 1 on a round's
             first minibatch (GSPO section 5.4). Routing Replay needs ``recompute``.
+        dynamic_sampling: DAPO's dynamic sampling: drop the groups whose G rewards are all equal (advantages 0, no
+            learning signal) and sample more prompts (``PromptDataModule.draw_prompts``, a second stream over the
+            training split) until the round holds P informative groups again, at most ``max_extra_draws`` more
+            batches of P prompts; short of P after that, the round trains on what there is, padded with dropped
+            groups (they add nothing). Counted in ``rollout/groups_drawn``, ``groups_dropped``, ``groups_kept`` and
+            ``extra_draws``.
+        max_extra_draws: the cap on extra prompt batches per round (>= 0).
+        mask_truncated: leave responses cut at ``max_new_tokens`` without EOS out of the loss (DAPO's overlong
+            filtering); their rewards still count in their group's advantages. Counted in
+            ``rollout/truncated_masked``.
     """
 
     def __init__(
@@ -126,6 +144,9 @@ class GroupSampler(Callback):
         prompt_overflow: PromptOverflow = "error",
         engine: SamplingEngine | EngineName = "hf",
         old_logprobs: OldLogprobSource = "recompute",
+        dynamic_sampling: bool = False,
+        max_extra_draws: int = 4,
+        mask_truncated: bool = False,
     ) -> None:
         validate_old_logprobs(old_logprobs)
         validate_sampling(
@@ -136,6 +157,13 @@ class GroupSampler(Callback):
             f"sampler.advantage_scale must be one of {list(ADVANTAGE_SCALES)}, got {advantage_scale!r}",
         )
         validate_robustness(reward_timeout_s, reward_isolation, reward_errors, prompt_overflow)
+        require(
+            isinstance(max_extra_draws, int) and max_extra_draws >= 0,
+            f"sampler.max_extra_draws must be an integer >= 0, got {max_extra_draws!r}",
+        )
+        self.dynamic_sampling = dynamic_sampling
+        self.max_extra_draws = max_extra_draws
+        self.mask_truncated = mask_truncated
         self.engine = resolve_engine(engine)
         self.advantage_scale = advantage_scale
         self.rewards: list[RewardFunction] = list(rewards)
@@ -173,6 +201,9 @@ class GroupSampler(Callback):
                 )
         check_chat_template(trainer.datamodule, pl_module.tokenizer)  # a tokenizer built in configure_model
         check_module_agrees(pl_module, self.settings.temperature, self.settings.max_new_tokens)
+        for reward in self.rewards:  # e.g. LengthPenalty counts the policy's tokens
+            if callable(getattr(reward, "setup", None)):
+                reward.setup(pl_module.tokenizer)
         self.engine.setup(trainer, pl_module)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -217,6 +248,9 @@ class GroupSampler(Callback):
         with inference_context(trainer):
             seed = self.round_seed(batch.rollout_index)
             rollout = self.sample(pl_module, batch.prompts, batch.columns, parameters_are_sharded(trainer), seed)
+            counts = {}
+            if self.dynamic_sampling:
+                rollout, counts = self._refill(trainer, pl_module, rollout, seed)
             self.engine.after_rollout()
             started = time.perf_counter()
             self._minibatches = split_minibatches(
@@ -227,13 +261,42 @@ class GroupSampler(Callback):
                 reference=getattr(pl_module, "reference_policy", None),
                 chunk_size=getattr(pl_module, "logprob_chunk_size", DEFAULT_CHUNK_SIZE),
                 old_from_engine=self.old_logprobs == "engine",
+                mask_truncated=self.mask_truncated,
             )
             self._round_seconds["old_logprob_s"] = time.perf_counter() - started
         penalty = getattr(pl_module, "kl_reward_penalty", None)
         if penalty is not None:
             rollout = self._penalise_rewards(rollout, penalty)
         self._stats = rollout_stats(rollout, self.group_size)
+        self._stats.update({name: torch.tensor(float(value)) for name, value in counts.items()})
+        if self.mask_truncated:
+            self._stats["truncated_masked"] = rollout.truncated.float().sum().cpu()
         self._rollout_index = batch.rollout_index
+
+    def _refill(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, rollout: Rollout, seed: int
+    ) -> tuple[Rollout, dict[str, int]]:
+        """Dynamic sampling: more prompts until P informative groups (every rank draws as long as one needs to:
+        sharded sampling is a collective), then the round's P groups and their advantages."""
+        prompts = len(rollout) // self.group_size
+        parts, extra = [rollout], 0
+        informative = int(informative_groups(rollout.rewards, self.group_size).sum())
+        while extra < self.max_extra_draws and trainer.strategy.reduce_boolean_decision(informative < prompts, all=False):
+            more = trainer.datamodule.draw_prompts()
+            extra += 1
+            sampled = self.sample(pl_module, more.prompts, more.columns, parameters_are_sharded(trainer), seed + extra)
+            parts.append(sampled)
+            informative += int(informative_groups(sampled.rewards, self.group_size).sum())
+        every = concat_rollouts(parts, pl_module.tokenizer.pad_token_id)
+        flags = informative_groups(every.rewards, self.group_size)  # [P_drawn]
+        chosen = select_groups(every, choose_groups(flags, prompts), self.group_size)
+        counts = {
+            "groups_drawn": len(flags),
+            "groups_dropped": int((~flags).sum()),
+            "groups_kept": min(int(flags.sum()), prompts),
+            "extra_draws": extra,
+        }
+        return with_advantages(chosen, self.group_size, self.advantage_scale), counts
 
     def _penalise_rewards(self, rollout: Rollout, penalty: KLRewardPenalty) -> Rollout:
         """``kl_in="reward"``: each response's reward minus beta * its KL(pi_old || pi_ref) estimate, and the

@@ -21,11 +21,43 @@ def test_format_reward_bad_pattern() -> None:
         FormatReward(3)
 
 
-def test_length_penalty() -> None:
-    penalty = LengthPenalty(max_tokens_soft=10, max_tokens_hard=20)
+def test_length_penalty_in_characters() -> None:
+    penalty = LengthPenalty(max_tokens_soft=10, max_tokens_hard=20, unit="characters")
     completions = ["", "x" * 10, "x" * 11, "x" * 15, "x" * 19, "x" * 20, "x" * 500, None]
     assert penalty(["p"] * 8, completions) == pytest.approx([0.0, 0.0, -0.1, -0.5, -0.9, -1.0, -1.0, -1.0])
-    assert LengthPenalty(0, 4)(["p"], ["ab"]) == [-0.5]
+    assert LengthPenalty(0, 4, unit="characters")(["p"], ["ab"]) == [-0.5]
+
+
+def test_length_penalty_counts_the_policys_tokens(tokenizer) -> None:
+    """With a tokenizer whose tokens are not characters, the count is the tokens'."""
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    word_tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]")
+    penalty = LengthPenalty(max_tokens_soft=2, max_tokens_hard=4)
+    with pytest.raises(RuntimeError, match=r"has no tokenizer: GroupSampler hands it over at fit start"):
+        penalty(["p"], ["hello world"])
+    penalty.setup(word_tokenizer)
+    # 11 characters but 2 tokens: no penalty; 3 tokens: -0.5
+    assert penalty(["p"] * 2, ["hello world", "hello world hello"]) == pytest.approx([0.0, -0.5])
+
+
+def test_the_sampler_hands_its_rewards_the_policys_tokenizer(policy, tokenizer) -> None:
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from gspo_lightning.rollout import GroupSampler
+    from tests.rollout.test_sampler import ReinforceModule, _prompt_batches
+
+    penalty = LengthPenalty(1, 4)
+    sampler = GroupSampler(rewards=[penalty], group_size=2, num_minibatches=1, max_new_tokens=3)
+    trainer = pl.Trainer(max_steps=1, accelerator="cpu", callbacks=[sampler], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(ReinforceModule(policy, tokenizer), DataLoader(_prompt_batches(1, 1), batch_size=None,
+                                                               collate_fn=lambda b: b))  # fmt: skip
+    assert penalty.tokenizer is tokenizer
 
 
 @pytest.mark.parametrize(
@@ -41,5 +73,5 @@ def test_length_penalty() -> None:
 def test_length_penalty_validation(args, error, message) -> None:
     with pytest.raises(error, match=message):
         LengthPenalty(*args)
-    with pytest.raises(ValueError, match="tokenizer_free=False"):
-        LengthPenalty(1, 2, tokenizer_free=False)
+    with pytest.raises(ValueError, match=r"LengthPenalty.unit must be one of \['tokens', 'characters'\]"):
+        LengthPenalty(1, 2, unit="bytes")

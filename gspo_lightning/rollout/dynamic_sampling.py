@@ -1,0 +1,83 @@
+"""DAPO's dynamic sampling (Yu et al., 2025, arXiv 2503.14476, section 3.2): a group whose G rewards are all equal
+has advantages 0 and teaches nothing, so such groups are dropped and more prompts are drawn until the rollout batch
+holds P informative groups again (or a cap on extra draws is reached).
+
+Pure functions over ``Rollout``s: which groups inform, putting several samplings' groups into one rollout (their
+prompt and response widths differ), and choosing the groups a round trains on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gspo_lightning.objectives import AdvantageScale
+from gspo_lightning.rollout.signal import advantages_with_skips, skipped_responses
+from gspo_lightning.rollout.types import Rollout
+
+# Rollout fields by how they are padded when rollouts of different widths are joined.
+_LEFT_PADDED = ("prompt_ids", "prompt_mask")  # [N, Lp], the prompt's end aligned
+_RIGHT_PADDED = ("response_ids", "response_mask", "engine_logprobs")  # [N, R]
+_PER_RESPONSE = ("rewards", "advantages", "truncated", "prompt_cut", "prompt_skipped", "kl_penalties")  # [N]
+
+
+def informative_groups(rewards: Tensor, group_size: int) -> Tensor:
+    """[P] bool: groups whose G rewards differ (some advantage is non-zero) and are all available (not NaN)."""
+    grouped = rewards.view(-1, group_size)  # [P, G]
+    available = ~grouped.isnan().any(-1)  # [P]
+    return available & (grouped.amax(-1) > grouped.amin(-1))  # [P]
+
+
+def concat_rollouts(rollouts: list[Rollout], pad_token_id: int) -> Rollout:
+    """One rollout holding every rollout's responses in order (prompt i of rollout 2 after all of rollout 1's)."""
+    joined = {}
+    for name in _LEFT_PADDED + _RIGHT_PADDED:
+        tensors = [getattr(r, name) for r in rollouts]
+        if any(t is None for t in tensors):
+            joined[name] = None
+            continue
+        width = max(t.shape[1] for t in tensors)
+        pad = pad_token_id if name.endswith("_ids") else 0
+        left = name in _LEFT_PADDED
+        joined[name] = torch.cat([F.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=pad)
+                                  for t in tensors])  # fmt: skip
+    for name in _PER_RESPONSE:
+        tensors = [getattr(r, name) for r in rollouts]
+        joined[name] = None if any(t is None for t in tensors) else torch.cat([t.to(tensors[0].device) for t in tensors])
+    joined["completions"] = [c for r in rollouts for c in r.completions]
+    joined["reward_components"] = {
+        name: torch.cat([r.reward_components[name] for r in rollouts]) for name in rollouts[0].reward_components
+    }
+    return Rollout(**joined)
+
+
+def select_groups(rollout: Rollout, groups: Tensor, group_size: int) -> Rollout:
+    """The rollout restricted to ``groups`` ([k] group indices, in that order)."""
+    rows = (groups[:, None] * group_size + torch.arange(group_size, device=groups.device)).reshape(-1)  # [k * G]
+    values = {}
+    for f in fields(rollout):
+        value = getattr(rollout, f.name)
+        if isinstance(value, Tensor):
+            values[f.name] = value[rows.to(value.device)]
+        elif f.name == "completions":
+            values[f.name] = [value[i] for i in rows.tolist()]
+        elif f.name == "reward_components":
+            values[f.name] = {name: scores[rows.to(scores.device)] for name, scores in value.items()}
+    return replace(rollout, **values)
+
+
+def choose_groups(informative: Tensor, wanted: int) -> Tensor:
+    """Indices of ``wanted`` groups: the informative ones first (in order), then, when there are too few, the
+    uninformative ones (advantages 0: they keep the batch's shape and teach nothing)."""
+    order = torch.cat([informative.nonzero().flatten(), (~informative).nonzero().flatten()])  # [P_total]
+    return order[:wanted]
+
+
+def with_advantages(rollout: Rollout, group_size: int, scale: AdvantageScale) -> Rollout:
+    """The rollout's advantages (Eq. 6) recomputed over its own groups (the batch std depends on which)."""
+    skipped = skipped_responses(rollout.rewards, rollout.prompt_skipped, group_size)  # [N]
+    advantages = advantages_with_skips(rollout.rewards, skipped, group_size, scale)  # [N]
+    return replace(rollout, advantages=advantages.to(rollout.advantages.device))
