@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
@@ -134,6 +135,16 @@ def command_line() -> None:
         if os.environ.get("GSPO_LIGHTNING_TRACEBACK"):
             raise
         sys.exit(f"error: {error}")
+    finally:
+        close_process_group()
+
+
+def close_process_group() -> None:
+    """Tear the process group down before the interpreter does: left to ``atexit``, gloo's worker threads can
+    still be running while Python finalises, and the process then aborts ("terminate called without an active
+    exception") after a run that finished."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def main(args: list[str] | None = None, run: bool = True) -> GSPOCLI:
