@@ -7,6 +7,7 @@ so what is measured is exactly what a user runs.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import platform
@@ -118,27 +119,49 @@ def run_variants(
     keys: Sequence[str],
     common_flags: Sequence[str] = (),
     config: Path = QUICKSTART,
+    progress: Path | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """Every variant (name -> CLI flags) for every seed, warm start shared per seed.
 
     Returns per-step rows (run, seed, step, train_seconds and each of ``keys``, NaN where not logged) and one
-    row per run (run, seed, wall-clock seconds).
+    row per run (run, seed, wall-clock seconds). With ``progress`` (a JSONL file), each finished run is appended
+    there and a rerun of an interrupted experiment skips the runs it already holds.
     """
     import tempfile
 
-    curves, finished = [], []
+    done = _finished_runs(progress)
+    curves = [row for run in done.values() for row in run["curves"]]
+    finished = [run["finished"] for run in done.values()]
     with tempfile.TemporaryDirectory(prefix="gspo-experiment-") as scratch:
         for seed in seeds:
             for index, (name, flags) in enumerate(variants.items()):
+                if (name, seed) in done:
+                    continue
                 overrides = [*seed_overrides(seed), *common_flags, *flags]
                 result = run_fit(Path(scratch) / f"seed{seed}-{index}", overrides, Path(scratch) / "cache", config)
                 clock = training_clock(result["steps"])
+                rows = []
                 for step, values in sorted(result["steps"].items()):
                     row = {"run": name, "seed": seed, "step": step, "train_seconds": round(clock[step], 3)}
-                    curves.append(row | {key: values.get(key, math.nan) for key in keys})
+                    rows.append(row | {key: values.get(key, math.nan) for key in keys})
+                curves += rows
                 finished.append({"run": name, "seed": seed, "seconds": round(result["seconds"], 1)})
+                _record_run(progress, rows, finished[-1])
                 print(finished[-1], flush=True)
     return curves, finished
+
+
+def _finished_runs(progress: Path | None) -> dict[tuple[str, int], dict]:
+    if progress is None or not progress.exists():
+        return {}
+    runs = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()]
+    return {(run["finished"]["run"], run["finished"]["seed"]): run for run in runs}
+
+
+def _record_run(progress: Path | None, rows: list[dict], finished: dict) -> None:
+    if progress is not None:
+        with progress.open("a") as handle:  # NaN is written as JSON's NaN token, which json.loads reads back
+            handle.write(json.dumps({"curves": rows, "finished": finished}) + "\n")
 
 
 def runs_of(curves: list[dict], name: str) -> list[list[dict]]:
@@ -244,9 +267,11 @@ def run_and_report(
         curves = _read_rows(here / "curves.csv")
         finished = [{k: row[k] for k in ("run", "seed", "seconds")} for row in _read_rows(here / "results.csv")]
     else:
-        curves, finished = run_variants(variants, seeds, keys, flags, config)
+        progress = here / "progress.jsonl"
+        curves, finished = run_variants(variants, seeds, keys, flags, config, progress)
     rows = summarise(curves, finished)
     write_csv(here / "curves.csv", curves)
     write_csv(here / "results.csv", rows)
+    (here / "progress.jsonl").unlink(missing_ok=True)  # complete: curves.csv now holds every run
     plot(curves, here / png)
     print_table(rows, columns)
