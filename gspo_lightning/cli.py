@@ -16,13 +16,13 @@ from gspo_lightning.callbacks import CheckpointOnPreemption, ExportPolicy, NonFi
 from gspo_lightning.data import PromptDataModule
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
-from gspo_lightning.rollout.minibatches import check_divisible
-from gspo_lightning.rollout.sampler_checks import (
+from gspo_lightning.rollout.checks import (
     check_rollout_correction,
     check_routing_replay,
     validate_robustness,
     validate_sampling_settings,
 )
+from gspo_lightning.rollout.minibatches import check_divisible
 
 _UNION_ERROR = "Does not validate against any of the Union subtypes"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import replace
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -26,16 +26,16 @@ from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
 from gspo_lightning.objectives import (
     KLRewardPenalty,
+    ObjectiveSpec,
     RolloutCorrection,
     correct_rollout,
-    ObjectiveSpec,
     objective_gradient,
     objective_loss,
     resolve_objective,
     reward_kl_penalty,
 )
-from gspo_lightning.rollout.types import Minibatch, PromptBatch
 from gspo_lightning.resume import check_fixed_settings, rebase_optimizers
+from gspo_lightning.rollout.types import Minibatch, PromptBatch
 from gspo_lightning.step_metrics import log_expert_change, log_mismatch, log_step_metrics
 from gspo_lightning.strategies import is_fsdp1, shard_for_strategy
 from gspo_lightning.validation import require

@@ -42,19 +42,20 @@ sys.path.insert(0, str(ROOT))
 from gspo_lightning.data.datamodule import PromptDataModule, PromptLoader  # noqa: E402
 from gspo_lightning.data.formatting import PromptFormatter  # noqa: E402
 from gspo_lightning.data.stream import PromptStream  # noqa: E402
+from gspo_lightning.engines.base import SamplingSettings  # noqa: E402
+from gspo_lightning.engines.hf import generate_responses  # noqa: E402
 from gspo_lightning.logprobs import response_scores  # noqa: E402
 from gspo_lightning.module import PAPER_CLIP_RANGES, GSPOModule  # noqa: E402
-from gspo_lightning.objectives import ObjectiveSpec, group_advantages, objective_loss, resolve_objective  # noqa: E402
-from gspo_lightning.rewards.scoring import score_completions  # noqa: E402
-from gspo_lightning.rollout.generation import (  # noqa: E402
-    SamplingSettings,
-    decode_responses,
-    encode_prompts,
-    generate_responses,
-    response_mask_until_eos,
+from gspo_lightning.objectives import (  # noqa: E402
+    ObjectiveSpec,
+    group_advantages,
+    objective_gradient,  # noqa: E402
+    objective_loss,
+    resolve_objective,
 )
-from gspo_lightning.objectives import objective_gradient  # noqa: E402
+from gspo_lightning.rewards.scoring import score_completions  # noqa: E402
 from gspo_lightning.rollout.minibatches import split_minibatches  # noqa: E402
+from gspo_lightning.rollout.pipeline import decode_responses, encode_prompts, response_mask_until_eos  # noqa: E402
 from gspo_lightning.rollout.sampler import GroupSampler  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout  # noqa: E402
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gspo_lightning.objectives import AdvantageScale
-from gspo_lightning.rollout.signal import advantages_with_skips, skipped_responses
+from gspo_lightning.objectives.advantages import advantages_with_skips, skipped_responses
 from gspo_lightning.rollout.types import Rollout
 
 # Rollout fields by how they are padded when rollouts of different widths are joined.

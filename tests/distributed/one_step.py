@@ -27,9 +27,12 @@ from gspo_lightning import GSPOModule  # noqa: E402
 from gspo_lightning.callbacks.export import ExportPolicy, gather_policy_state_dict  # noqa: E402
 from gspo_lightning.logprobs import response_logprobs  # noqa: E402
 from gspo_lightning.models import TinyQwen3  # noqa: E402
-from gspo_lightning.rollout.context import parameters_are_sharded  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch, PromptBatch  # noqa: E402
-from gspo_lightning.strategies import DecoderLayerFSDP, DecoderLayerFSDP2  # noqa: E402
+from gspo_lightning.strategies import (  # noqa: E402
+    DecoderLayerFSDP,
+    DecoderLayerFSDP2,
+    parameters_are_sharded,  # noqa: E402
+)
 
 TINY = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
 RESPONSES, PROMPT_LEN, RESPONSE_LEN = 8, 6, 5
