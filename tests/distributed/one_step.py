@@ -13,6 +13,7 @@ step would hide it).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -59,8 +60,10 @@ def global_minibatch(loader: TinyQwen3) -> Minibatch:
 
 
 class SGDModule(GSPOModule):
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.policy.parameters(), lr=self.hparams.lr)
+    """GSPOModule with plain SGD (``lr`` given): a step is then a known function of the gradient."""
+
+    def __init__(self, lr: float, **kwargs) -> None:
+        super().__init__(optimizer=functools.partial(torch.optim.SGD, lr=lr), **kwargs)
 
 
 class FixedBatches(pl.LightningDataModule):
