@@ -6,25 +6,49 @@ import copy
 import os
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_only
 
-from gspo_lightning.callbacks import CheckpointOnPreemption, ExportPolicy, NonFiniteGuard
+from gspo_lightning.callbacks import CheckpointOnPreemption, ExportPolicy, LogCompletions, NonFiniteGuard
 from gspo_lightning.data import PromptDataModule
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
-from gspo_lightning.rollout.minibatches import check_divisible
-from gspo_lightning.rollout.sampler_checks import (
+from gspo_lightning.rollout.checks import (
     check_rollout_correction,
     check_routing_replay,
     validate_robustness,
     validate_sampling_settings,
 )
+from gspo_lightning.rollout.minibatches import check_divisible
 
+BASE_CONFIG = Path(__file__).with_name("base.yaml")
+"""Loaded before any ``-c`` config (``configs/base.yaml`` links to it)."""
 _UNION_ERROR = "Does not validate against any of the Union subtypes"
+DEFAULT_OPTIMIZER = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1.0e-6, "weight_decay": 0.0}}
+"""``--optimizer``'s default, GSPOModule's own: AdamW at lr 1e-6 (the paper's scale), no weight decay."""
+
+
+def composed_config(*paths: str | Path) -> dict[str, Any]:
+    """``base.yaml`` and then each config of ``paths`` merged as the command line merges them (mappings key by key,
+    a list or a different ``class_path`` replacing what was there), as one dict: to edit a config in code."""
+    composed: dict[str, Any] = {}
+    for path in (BASE_CONFIG, *paths):
+        composed = _merged(composed, yaml.safe_load(Path(path).read_text()) or {})
+    return composed
+
+
+def _merged(base: Any, update: Any) -> Any:
+    if not (isinstance(base, dict) and isinstance(update, dict)):
+        return copy.deepcopy(update)
+    if "class_path" in update and update["class_path"] != base.get("class_path"):
+        return copy.deepcopy(update)
+    return {**base, **{key: _merged(base.get(key), value) for key, value in update.items()}}
 
 
 class ConfigError(ValueError):
@@ -52,6 +76,20 @@ class GSPOCLI(LightningCLI):
         parser.add_lightning_class_args(ExportPolicy, "export")
         parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
         parser.add_lightning_class_args(CheckpointOnPreemption, "preemption")
+        parser.add_lightning_class_args(LogCompletions, "completions")
+        # LightningCLI's own --optimizer builds the optimizer before configure_model has built the policy; these
+        # reach GSPOModule, which builds them over the trainable parameters (the only ones LoRA trains).
+        parser.add_argument(
+            "--optimizer", type=OptimizerCallable, default=DEFAULT_OPTIMIZER,
+            help="the optimizer, any torch.optim class (e.g. AdamW with betas) or bitsandbytes.optim.AdamW8bit",
+        )  # fmt: skip
+        parser.add_argument(
+            "--lr_scheduler", type=LRSchedulerCallable | None, default=None,
+            help="a learning-rate schedule stepped every optimizer step (gspo_lightning.schedules.LinearWarmup, "
+            "CosineWithWarmup, or any torch.optim.lr_scheduler class); null: constant",
+        )  # fmt: skip
+        parser.link_arguments("optimizer", "model.init_args.optimizer")
+        parser.link_arguments("lr_scheduler", "model.init_args.lr_scheduler")
         # Linked, not interpolated: a command-line override of the source reaches every target.
         parser.link_arguments("sampler.temperature", "model.init_args.temperature")
         parser.link_arguments("sampler.num_minibatches", "data.init_args.minibatches_per_rollout")
@@ -127,8 +165,14 @@ class GSPOCLI(LightningCLI):
 
 
 def command_line() -> None:
-    """``python -m gspo_lightning`` and ``gspo-lightning``: a bad setting ends the run with one line naming it
+    """``python -m gspo_lightning`` and ``gspo-lightning``: LightningCLI's subcommands (``fit``, ...) and ``plot``
+    (see :mod:`gspo_lightning.plot`). A bad setting ends the run with one line naming it
     (``GSPO_LIGHTNING_TRACEBACK=1`` shows the traceback too); errors once training runs keep theirs."""
+    if sys.argv[1:2] == ["plot"]:  # not a Trainer subcommand: draws a finished (or running) run's metrics
+        from gspo_lightning.plot import main as plot
+
+        plot(sys.argv[2:])
+        return
     try:
         main()
     except ConfigError as error:
@@ -140,11 +184,18 @@ def command_line() -> None:
 
 
 def close_process_group() -> None:
-    """Tear the process group down before the interpreter does: left to ``atexit``, gloo's worker threads can
-    still be running while Python finalises, and the process then aborts ("terminate called without an active
-    exception") after a run that finished."""
+    """Tear the process group down, then let gloo's worker threads finish while the interpreter still runs.
+
+    The trainer's modules keep the group alive past ``destroy_process_group`` (jsonargparse keeps the CLI), so
+    its worker threads live on. The worker that ran the last collective (Lightning's ``trainer.log_dir`` is a
+    broadcast) still has to take the GIL to free that collective's Python-owned tensors; if the main thread holds
+    the GIL until Python finalises, the worker is cancelled inside a destructor and the process aborts ("terminate
+    called without an active exception", exit -6) after a run that finished. A short sleep hands it the GIL.
+    ``tests/distributed/exit_race.py`` aborted 4 runs in 20 without it, 0 in 16 with it.
+    """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+        time.sleep(0.2)
 
 
 def main(args: list[str] | None = None, run: bool = True) -> GSPOCLI:
@@ -154,10 +205,17 @@ def main(args: list[str] | None = None, run: bool = True) -> GSPOCLI:
         PromptDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
-        parser_kwargs={"parser_mode": "omegaconf"},
+        parser_kwargs=_parser_kwargs(run),
+        auto_configure_optimizers=False,  # GSPOCLI's --optimizer / --lr_scheduler reach the module instead
         save_config_kwargs={"overwrite": True},
-        # A CSV logger unless the config names another: no account or extra package needed.
-        trainer_defaults={"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}},
         args=args,
         run=run,
     )
+
+
+def _parser_kwargs(subcommands: bool) -> dict[str, Any]:
+    """omegaconf interpolation, and base.yaml read first (the trainer's logging and checkpointing, which a task
+    config then only overrides), by every subcommand's parser, or the one parser without subcommands."""
+    base = {"default_config_files": [str(BASE_CONFIG)]}
+    per_parser = {name: base for name in LightningCLI.subcommands()} if subcommands else base
+    return {"parser_mode": "omegaconf", **per_parser}

@@ -10,32 +10,32 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import replace
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from gspo_lightning.gradient_norm import clip_by_step_norm, clips_with_plain_norm, optimizer_parameters
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, response_scores
-from gspo_lightning.metric_logging import flush_step_metrics, log_across_ranks
+from gspo_lightning.metric_logging import StepMetrics, attached_trainer, log_across_ranks
 from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
 from gspo_lightning.objectives import (
     KLRewardPenalty,
+    ObjectiveSpec,
     RolloutCorrection,
     correct_rollout,
-    ObjectiveSpec,
     objective_gradient,
     objective_loss,
     resolve_objective,
     reward_kl_penalty,
 )
+from gspo_lightning.resume import apply_configured_settings, check_fixed_settings, optimizer_settings
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
-from gspo_lightning.resume import check_fixed_settings, rebase_optimizers
 from gspo_lightning.step_metrics import log_expert_change, log_mismatch, log_step_metrics
 from gspo_lightning.strategies import is_fsdp1, shard_for_strategy
 from gspo_lightning.validation import require
@@ -56,9 +56,12 @@ class GSPOModule(pl.LightningModule):
             value where a paper gives one: 3e-4 for GSPO, 0.2 for GRPO).
         eps_high: upper clipping range, the ratio clipped at 1 + eps_high (default: the objective's: 4e-4 GSPO,
             0.27 GRPO, 0.28 DAPO).
-        lr: AdamW learning rate.
-        weight_decay: AdamW weight decay.
-        warmup_steps: linear learning-rate warm-up, in optimizer steps; constant afterwards.
+        optimizer: the optimizer over the trainable parameters (default AdamW, lr 1e-6, no weight decay); from the
+            command line ``--optimizer`` (any ``torch.optim`` class, or e.g. ``bitsandbytes.optim.AdamW8bit``). A
+            resumed run takes the configured settings (learning rate, betas, ...), the schedule's position kept.
+        lr_scheduler: a learning-rate schedule stepped every optimizer step (default: none, a constant rate); from
+            the command line ``--lr_scheduler`` (``gspo_lightning.schedules.LinearWarmup``, ``CosineWithWarmup``,
+            or any ``torch.optim.lr_scheduler`` class).
         temperature: temperature of the log-probs; linked to the sampler's sampling temperature by the CLI.
         reference_on_cpu: keep the KL reference policy (only built when kl_coef > 0) on the CPU.
         log_entropy: log the policy's mean token entropy on the response tokens (one extra softmax).
@@ -85,9 +88,8 @@ class GSPOModule(pl.LightningModule):
         objective: str | ObjectiveSpec = "gspo",
         eps_low: float | None = None,
         eps_high: float | None = None,
-        lr: float = 1e-6,
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
+        optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0),
+        lr_scheduler: LRSchedulerCallable | None = None,
         temperature: float = 1.0,
         reference_on_cpu: bool = False,
         log_entropy: bool = True,
@@ -110,11 +112,15 @@ class GSPOModule(pl.LightningModule):
                 f"objective {self.objective.name!r} is not a sum of per-response terms: the chunked LM head "
                 "recomputes its gradients in backward (one more matmul per chunk)"
             )
-        _validate(lr, weight_decay, warmup_steps, temperature)
+        require(temperature > 0, f"model.temperature must be > 0, got {temperature}")
         require(
             logprob_chunk_size >= 0, f"model.logprob_chunk_size must be >= 0 (0: no chunking), got {logprob_chunk_size}"
         )
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])  # functions; the CLI's config has them
+        self.optimizer_factory = optimizer
+        self.lr_scheduler_factory = lr_scheduler
+        self.step_metrics = StepMetrics()  # every producer's figures of a step, written once at its end
+        self._logged_step = 0
         self.policy_loader = policy
         self.rollout_correction = (
             RolloutCorrection(**rollout_correction) if isinstance(rollout_correction, dict) else rollout_correction
@@ -126,7 +132,7 @@ class GSPOModule(pl.LightningModule):
         self._reference: list[nn.Module] = []
         self._replay = ExitStack()  # open from a replayed forward until after its backward
         self._skip_update = False
-        self._checkpoint_hparams: dict[str, Any] | None = None  # set by on_load_checkpoint, used once
+        self._configured: list[list[dict[str, Any]]] = []  # the optimizers' settings as configured, for resume
 
     @property
     def reference_policy(self) -> nn.Module | None:
@@ -137,6 +143,14 @@ class GSPOModule(pl.LightningModule):
     def kl_reward_penalty(self) -> KLRewardPenalty | None:
         """The KL penalty the sampler subtracts from the rewards (objective ``kl_in: reward``), or None."""
         return reward_kl_penalty(self.objective)
+
+    def setup(self, stage: str) -> None:
+        """Before ``configure_model`` builds (and a warm-start loader trains) the policy: the warm start's task
+        settings must be the data's."""
+        datamodule = getattr(attached_trainer(self), "datamodule", None)
+        check = getattr(self.policy_loader, "check_matches", None)
+        if stage == "fit" and callable(check) and datamodule is not None and hasattr(datamodule, "source"):
+            check(datamodule.source, getattr(getattr(datamodule, "formatter", None), "template", None))
 
     def configure_model(self) -> None:
         """Build the policy here, not in ``__init__``, so sharded strategies can wrap it as it is created."""
@@ -154,7 +168,8 @@ class GSPOModule(pl.LightningModule):
                 "has no top-k router; set routing_replay: false"
             )
         # FSDP2 shards here; FSDP1 wraps afterwards; DDP and a single device replicate
-        strategy = self.trainer.strategy if self._trainer is not None else None
+        trainer = attached_trainer(self)
+        strategy = trainer.strategy if trainer is not None else None
         shard_for_strategy(self.policy, strategy, self.device_mesh, checkpointing)
 
     def on_fit_start(self) -> None:
@@ -212,14 +227,14 @@ class GSPOModule(pl.LightningModule):
 
     def _on_every_rank(self, finite: bool) -> bool:
         """One decision for all ranks: a rank that skipped alone would desynchronise the collectives (a hang)."""
-        if self._trainer is None:
-            return finite
-        return self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+        trainer = attached_trainer(self)
+        return finite if trainer is None else trainer.strategy.reduce_boolean_decision(finite, all=True)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._skip_update:  # AdamW leaves a parameter without gradient (and its state) untouched
-            for parameter in optimizer_parameters(optimizer):
-                parameter.grad = None
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    parameter.grad = None
 
     @property
     def logprob_chunk_size(self) -> int:
@@ -294,48 +309,43 @@ class GSPOModule(pl.LightningModule):
         # samples or evaluates with the policy.
         self._replay.close()
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._logged_step = self.global_step  # the step Lightning's own logging files this batch under
+
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self._replay.close()
-        if self._trainer is not None:  # after every callback's on_train_batch_end: the step's figures are in
-            flush_step_metrics(self._trainer)
+        trainer = attached_trainer(self)
+        if trainer is not None:  # after every callback's on_train_batch_end: all of the step's figures are in
+            self.step_metrics.write(trainer, self._logged_step)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a resume that changes a fixed setting; remember the checkpoint's optimizer settings so that
-        changed ones take effect (:meth:`on_train_start`)."""
-        saved = checkpoint.get("hyper_parameters", {})
-        check_fixed_settings(saved, self.hparams)
-        self._checkpoint_hparams = dict(saved)
+        """Refuse a resume that changes a fixed setting (the saved round depends on it)."""
+        check_fixed_settings(checkpoint.get("hyper_parameters", {}), self.hparams)
 
     def on_train_start(self) -> None:
-        saved = self._checkpoint_hparams
-        if saved and self._trainer is not None:
-            lr, decay = self.hparams.lr, self.hparams.weight_decay
-            rebase_optimizers(self.trainer, saved.get("lr", lr), lr, saved.get("weight_decay", decay), decay)
-        self._checkpoint_hparams = None
+        # Lightning restored a resumed run's optimizers with the checkpoint's settings: the configured ones apply.
+        apply_configured_settings(self.trainer, self._configured)
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
     ) -> None:
-        by_norm = bool(gradient_clip_val) and gradient_clip_algorithm in (None, "norm")
         # FSDP1's precision plugin refuses norm clipping: the wrapped root computes the norm across shards.
-        if by_norm and is_fsdp1(self.trainer.strategy):
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and is_fsdp1(self.trainer.strategy):
             self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
-            return
-        if by_norm and clips_with_plain_norm(self.trainer, optimizer):
-            # What clip_gradients would do, with the norm NonFiniteGuard already computed for this step.
-            clip_by_step_norm(self.trainer, optimizer, gradient_clip_val)
             return
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> dict:
-        # Only what trains: frozen weights (the base under LoRA) get no AdamW state and no weight decay.
+        # Only what trains: frozen weights (the base under LoRA) get no optimizer state and no weight decay.
         trainable = [parameter for parameter in self.policy.parameters() if parameter.requires_grad]
         if not trainable:
             raise ValueError("model.policy has no parameter that requires grad: nothing to train")
-        optimizer = torch.optim.AdamW(trainable, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        warmup = max(self.hparams.warmup_steps, 1)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        optimizer = self.optimizer_factory(trainable)
+        configured: dict[str, Any] = {"optimizer": optimizer}
+        if self.lr_scheduler_factory is not None:
+            configured["lr_scheduler"] = {"scheduler": self.lr_scheduler_factory(optimizer), "interval": "step"}
+        self._configured = [optimizer_settings(optimizer)]
+        return configured
 
 
 def _mean_entropy(entropy: Tensor, minibatch: Minibatch) -> Tensor:
@@ -372,10 +382,3 @@ def _resolve(objective: str | ObjectiveSpec) -> ObjectiveSpec:
         return resolve_objective(objective)
     except (TypeError, ValueError) as error:
         raise ValueError(f"model.objective: {error}") from error
-
-
-def _validate(lr: float, weight_decay: float, warmup_steps: int, temperature: float) -> None:
-    require(lr > 0, f"model.lr must be > 0, got {lr}")
-    require(weight_decay >= 0, f"model.weight_decay must be >= 0, got {weight_decay}")
-    require(warmup_steps >= 0, f"model.warmup_steps must be >= 0, got {warmup_steps}")
-    require(temperature > 0, f"model.temperature must be > 0, got {temperature}")

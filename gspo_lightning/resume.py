@@ -1,7 +1,8 @@
 """Resuming with changed settings: refuse what the saved round depends on, apply what may change.
 
 LightningCLI would merge a checkpoint's hyper-parameters over the command line (``GSPOCLI`` keeps the command
-line's), and Lightning restores the optimizer and scheduler with the checkpoint's learning rate and weight decay.
+line's), and Lightning restores the optimizers and schedulers with the checkpoint's settings (learning rate, betas,
+weight decay, ...): the configured ones are put back.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 RESUME_FIXED = {"policy": "model.policy", "objective": "model.objective", "temperature": "sampler.temperature"}
 """Module settings a resumed run cannot change (the saved round's pi_old and advantages depend on them), by the
@@ -39,16 +41,26 @@ def comparable(value: Any) -> Any:
     return value
 
 
-def rebase_optimizers(trainer: pl.Trainer, saved_lr: float, lr: float, saved_decay: float, decay: float) -> None:
-    """The restored optimizers and schedulers at the configured learning rate and weight decay, the schedule's
-    position (its factor at this step) kept: each lr times ``lr / saved_lr``."""
-    ratio = lr / saved_lr
-    for optimizer in trainer.optimizers:
-        for group in optimizer.param_groups:
-            group["lr"] *= ratio
-            if "initial_lr" in group:
-                group["initial_lr"] *= ratio
-            if saved_decay != decay:
-                group["weight_decay"] = decay
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each parameter group's settings (learning rate, betas, weight decay, ...), without its parameters."""
+    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+
+
+def apply_configured_settings(trainer: pl.Trainer, configured: list[list[dict[str, Any]]]) -> None:
+    """The restored optimizers at the configured settings (``configured``: :func:`optimizer_settings` of each
+    optimizer as built, before the checkpoint replaced them), the schedule's position kept: a changed base learning
+    rate scales every learning rate of its group, and the scheduler's ``base_lrs`` follow. A fresh run is left as
+    it is (its settings are the configured ones)."""
+    for optimizer, groups in zip(trainer.optimizers, configured, strict=False):
+        for group, fresh in zip(optimizer.param_groups, groups, strict=False):
+            base, new_base = group.get("initial_lr", group["lr"]), fresh.get("initial_lr", fresh["lr"])
+            if base != new_base:
+                group["lr"] *= new_base / base
+                if "initial_lr" in group:
+                    group["initial_lr"] = new_base
+            for key, value in fresh.items():
+                if key not in ("lr", "initial_lr") and key in group and group[key] != value:
+                    group[key] = value
     for config in trainer.lr_scheduler_configs:
-        config.scheduler.base_lrs = [base * ratio for base in config.scheduler.base_lrs]
+        groups = config.scheduler.optimizer.param_groups
+        config.scheduler.base_lrs = [group.get("initial_lr", group["lr"]) for group in groups]

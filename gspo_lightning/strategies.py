@@ -13,15 +13,20 @@ Both save sharded checkpoints by default (each rank writes its shard; resume wit
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from typing import Any, Literal
 
+import lightning.pytorch as pl
+import torch
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 _DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -223,3 +228,20 @@ __all__ = [
     "shard_for_strategy",
     "shard_policy",
 ]
+
+
+def parameters_are_sharded(trainer: pl.Trainer) -> bool:
+    """Sharded strategies run collectives inside ``generate``: every rank must keep stepping (synced_gpus)."""
+    return isinstance(trainer.strategy, FSDPStrategy | ModelParallelStrategy) and trainer.world_size > 1
+
+@contextmanager
+def inference_context(trainer: pl.Trainer) -> Iterator[None]:
+    """No autograd, the precision context of ``training_step`` (Lightning does not enter it in hooks), and,
+    under FSDP1, the root unit's parameters gathered: outside the wrapped root's forward they are flat shards,
+    and the decoder layers (their own units) gather theirs as they run."""
+    with ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        if isinstance(trainer.strategy, FSDPStrategy) and isinstance(trainer.strategy.model, FSDP):
+            stack.enter_context(FSDP.summon_full_params(trainer.strategy.model, recurse=False, writeback=False))
+        stack.enter_context(trainer.precision_plugin.forward_context())
+        yield

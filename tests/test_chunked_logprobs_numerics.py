@@ -9,8 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gspo_lightning.chunked_logprobs import chunk_tokens, chunked_head_logprobs
 from gspo_lightning.logprobs import token_logprobs
-from gspo_lightning.objectives import resolve_objective
-from gspo_lightning.objectives import objective_gradient
+from gspo_lightning.objectives import objective_gradient, resolve_objective
 from gspo_lightning.rollout.types import Minibatch
 from tests.test_chunked_logprobs import LargestTensor, _counting_recompute, inputs, naive
 

@@ -13,14 +13,17 @@ import pytest
 import torch
 import yaml
 
-from gspo_lightning.cli import main
+from gspo_lightning.cli import composed_config, main
 from gspo_lightning.data import LoadDataset, SampleDataset
 from gspo_lightning.data.formatting import template_fields
 from gspo_lightning.data.sample_data import available_samples, sample_path
+from gspo_lightning.models import TinyQwen3
+from gspo_lightning.module import GSPOModule
 from tests.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+BASE = ROOT / "configs/base.yaml"
+CONFIGS = sorted(path for path in (ROOT / "configs").glob("*.yaml") if path != BASE)  # task configs
 
 
 def _class_name(spec: dict | None) -> str:
@@ -75,6 +78,58 @@ def test_every_config_parses_and_instantiates(config, tmp_path, monkeypatch, tin
         cli.datamodule.setup("fit")
 
 
+@pytest.mark.parametrize("config", ["quickstart.yaml", "math_sample.yaml"])
+def test_a_task_config_composes_with_the_base_it_is_read_over(config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    task = ROOT / "configs" / config
+    alone = main(["-c", str(task)], run=False).config
+    spelled_out = main(["-c", str(BASE), "-c", str(task)], run=False).config
+    without_paths = [{k: v for k, v in c.as_dict().items() if k != "config"} for c in (alone, spelled_out)]
+    assert without_paths[0] == without_paths[1]
+    assert "log_every_n_steps" not in yaml.safe_load(task.read_text())["trainer"]  # held by base.yaml only
+    assert alone.trainer.log_every_n_steps == 1 and alone.trainer.gradient_clip_val == 1.0
+    assert alone.trainer.logger.init_args.save_dir == "runs"  # base.yaml's, with the task's name
+    assert alone.trainer.logger.init_args.name == task.stem
+    assert composed_config(task)["trainer"]["logger"]["init_args"] == {"save_dir": "runs", "name": task.stem}
+
+
+def test_optimizer_and_schedule_come_from_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tiny = tiny_run_config(tmp_path, max_steps=4)
+    schedule = {"class_path": "gspo_lightning.schedules.CosineWithWarmup",
+                "init_args": {"warmup_steps": 2, "total_steps": 10, "min_factor": 0.1}}  # fmt: skip
+    args = ["-c", str(tiny), "--optimizer=SGD", "--optimizer.lr=0.05", "--optimizer.momentum=0.9",
+            f"--lr_scheduler={json.dumps(schedule)}"]  # fmt: skip
+    module = main(args, run=False).model
+    module.configure_model()
+    configured = module.configure_optimizers()
+    optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
+    assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["momentum"] == 0.9
+    assert configured["lr_scheduler"]["interval"] == "step"
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05 * 0.5)  # warm-up step 0 of 2
+    trainable = [p for p in module.policy.parameters() if p.requires_grad]
+    assert [p for group in optimizer.param_groups for p in group["params"]] == trainable
+    assert scheduler.min_factor == 0.1
+
+
+def test_the_default_optimizer_is_the_modules(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tiny = tiny_run_config(tmp_path, max_steps=4)
+    raw = yaml.safe_load(tiny.read_text())
+    raw.pop("optimizer"), raw.pop("lr_scheduler")
+    tiny.write_text(yaml.safe_dump(raw))
+    module = main(["-c", str(tiny)], run=False).model
+    module.configure_model()
+    from_cli = module.configure_optimizers()
+    plain = GSPOModule(TinyQwen3(**TINY))
+    plain.configure_model()
+    default = plain.configure_optimizers()
+    assert "lr_scheduler" not in from_cli and "lr_scheduler" not in default  # a constant rate
+    for built in (from_cli["optimizer"], default["optimizer"]):
+        assert isinstance(built, torch.optim.AdamW)
+        assert (built.defaults["lr"], built.defaults["weight_decay"]) == (1e-6, 0.0)
+
+
 def test_links_carry_command_line_overrides(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["-c", str(ROOT / "configs/quickstart.yaml"), "--sampler.num_minibatches=2", "--sampler.temperature=0.7"]
@@ -95,7 +150,7 @@ def tiny_run_config(tmp_path: Path, max_steps: int, checkpoint_every: int = 4, e
 
     ``extra`` is merged into the config's top-level sections (lists are appended to).
     """
-    config = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
+    config = composed_config(ROOT / "configs/quickstart.yaml")
     trainer = config["trainer"]
     trainer["max_steps"] = max_steps
     trainer["logger"]["init_args"] = {"save_dir": str(tmp_path / "runs"), "name": "tiny", "version": 0}
@@ -147,6 +202,9 @@ def test_fit_through_the_cli_logs_checkpoints_exports_and_resumes(tmp_path):
     steps = {int(r["step"]) for r in rows if r["train/loss"]}
     assert steps == set(range(8))
     assert (tmp_path / "ckpt/last.ckpt").exists()
+    completions = (tmp_path / "runs/tiny/version_0/completions.jsonl").read_text().splitlines()
+    sample = json.loads(completions[0])  # the first round's samples (completions.every_n_steps: 50)
+    assert {"step", "prompt", "completion", "reward", "advantage"} <= set(sample) and sample["step"] == 0
 
     exported = tmp_path / "runs/tiny/version_0/hf_policy"
     assert AutoModelForCausalLM.from_pretrained(exported).config.model_type == "qwen3"

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from gspo_lightning.engines.base import SamplingSettings
 from gspo_lightning.logprobs import (
     chunkable_head,
     position_ids_from_mask,
@@ -9,7 +10,7 @@ from gspo_lightning.logprobs import (
     response_scores,
     token_logprobs,
 )
-from gspo_lightning.rollout.generation import SamplingSettings, encode_prompts
+from gspo_lightning.rollout.pipeline import encode_prompts
 
 
 def test_token_logprobs_matches_log_softmax_and_is_float32():

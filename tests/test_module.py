@@ -33,7 +33,7 @@ def test_a_clip_range_outside_the_objectives_bounds_is_rejected():
         ({"eps_low": 0.0}, r"model.eps_low must be in \(0, 1\) for objective 'gspo', got 0.0"),
         ({"eps_high": 1.0}, r"model.eps_high must be in \(0, 1\) for objective 'gspo', got 1.0"),
         ({"objective": "ppo"}, r"model.objective: unknown objective 'ppo'; allowed names: cispo, dapo, dr_grpo"),
-        ({"lr": -1.0}, "model.lr must be > 0"),
+        ({"temperature": 0.0}, "model.temperature must be > 0"),
     ],
 )
 def test_bad_settings_fail_before_the_model_is_built(kwargs, message):

@@ -50,7 +50,7 @@ def test_a_setting_that_cannot_change_is_refused(checkpointed, tmp_path, monkeyp
 def test_max_steps_and_a_new_learning_rate_take_effect(checkpointed, monkeypatch):
     config, checkpoint = checkpointed
     monkeypatch.chdir(config.parent)
-    _resume(config, checkpoint, "--model.init_args.lr=3e-4", "--trainer.max_steps=6")
+    _resume(config, checkpoint, "--optimizer.init_args.lr=3e-4", "--trainer.max_steps=6")
     rows = list(csv.DictReader((config.parent / "runs/tiny/version_1/metrics.csv").open()))
     learning_rates = {int(r["step"]): float(r["lr-AdamW"]) for r in rows if r.get("lr-AdamW")}
     assert sorted(learning_rates) == [4, 5]  # resumed at step 4, stopped at the new max_steps

@@ -4,8 +4,8 @@
 
 The baseline of ``experiments/bench/overhead.py``. Everything is read from the same YAML as the Lightning run
 (``configs/quickstart.yaml``): the policy loader, the prompt source and template, P, G, K, max_new_tokens, the
-sampling settings, the rewards, the objective, lr, warm-up and gradient clipping; what the YAML leaves unset
-takes the default of the class it would configure (``GSPOModule``, ``GroupSampler``, ``PromptDataModule``). The
+sampling settings, the rewards, the objective, the optimizer and its schedule, gradient clipping; what the YAML
+leaves unset takes the default of the class it would configure (``GSPOModule``, ``GroupSampler``, ``PromptDataModule``). The
 math is the package's own functions (``generate_responses``, ``group_advantages``, ``split_minibatches``,
 ``response_scores`` with the objective's gradient predicted in the LM head's forward as ``GSPOModule`` does,
 ``objective_loss``), so that only the orchestration around them differs. Every K-th step samples a round:
@@ -34,27 +34,28 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from gspo_lightning.cli import composed_config  # noqa: E402
 from gspo_lightning.data.datamodule import PromptDataModule, PromptLoader  # noqa: E402
 from gspo_lightning.data.formatting import PromptFormatter  # noqa: E402
 from gspo_lightning.data.stream import PromptStream  # noqa: E402
+from gspo_lightning.engines.base import SamplingSettings  # noqa: E402
+from gspo_lightning.engines.hf import generate_responses  # noqa: E402
 from gspo_lightning.logprobs import response_scores  # noqa: E402
-from gspo_lightning.module import PAPER_CLIP_RANGES, GSPOModule  # noqa: E402
-from gspo_lightning.objectives import ObjectiveSpec, group_advantages, objective_loss, resolve_objective  # noqa: E402
-from gspo_lightning.rewards.scoring import score_completions  # noqa: E402
-from gspo_lightning.rollout.generation import (  # noqa: E402
-    SamplingSettings,
-    decode_responses,
-    encode_prompts,
-    generate_responses,
-    response_mask_until_eos,
+from gspo_lightning.module import GSPOModule  # noqa: E402
+from gspo_lightning.objectives import (  # noqa: E402
+    ObjectiveSpec,
+    group_advantages,
+    objective_gradient,  # noqa: E402
+    objective_loss,
+    resolve_objective,
 )
-from gspo_lightning.objectives import objective_gradient  # noqa: E402
+from gspo_lightning.rewards.scoring import score_completions  # noqa: E402
 from gspo_lightning.rollout.minibatches import split_minibatches  # noqa: E402
+from gspo_lightning.rollout.pipeline import decode_responses, encode_prompts, response_mask_until_eos  # noqa: E402
 from gspo_lightning.rollout.sampler import GroupSampler  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout  # noqa: E402
 
@@ -115,13 +116,14 @@ def with_defaults(cls: type, given: dict[str, Any]) -> dict[str, Any]:
     return {p.name: p.default for p in parameters if p.default is not p.empty} | given
 
 
-def instantiate(spec: Any) -> Any:
-    """A ``{class_path, init_args}`` spec as LightningCLI builds it (nested specs too); anything else as is."""
+def instantiate(spec: Any, *positional: Any) -> Any:
+    """A ``{class_path, init_args}`` spec as LightningCLI builds it (nested specs too; ``positional`` first, as for
+    an optimizer's parameters); anything else as is."""
     if not (isinstance(spec, dict) and "class_path" in spec):
         return spec
     module, name = spec["class_path"].rsplit(".", 1)
     arguments = {key: instantiate(value) for key, value in (spec.get("init_args") or {}).items()}
-    return getattr(importlib.import_module(module), name)(**arguments)
+    return getattr(importlib.import_module(module), name)(*positional, **arguments)
 
 
 @dataclass
@@ -131,7 +133,7 @@ class BareRun:
     policy: torch.nn.Module
     tokenizer: Any
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
     batches: Any
     settings: SamplingSettings
     rewards: list[Any]
@@ -152,11 +154,10 @@ def build(config: dict[str, Any], policy_spec: dict[str, Any] | None = None) -> 
     tokenizer = loader.load_tokenizer()
     # Eval mode for good, as GSPOModule: dropout off, so pi_old and pi_theta are the same function.
     policy = loader.load_model(tokenizer).eval()
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=model["lr"], weight_decay=model["weight_decay"])
-    warmup = max(model["warmup_steps"], 1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    optimizer = instantiate(config["optimizer"], policy.parameters())
+    scheduler = instantiate(config["lr_scheduler"], optimizer) if config.get("lr_scheduler") else None
     objective = resolve_objective(model["objective"])
-    low, high = PAPER_CLIP_RANGES[objective.ratio]
+    low, high = objective.objective.clip_range
     settings = SamplingSettings(sampler["max_new_tokens"], sampler["temperature"], sampler["top_p"], sampler["top_k"])
     rewards = [instantiate(spec) for spec in sampler["rewards"]]
     return BareRun(
@@ -247,7 +248,8 @@ def train_step(run: BareRun, minibatch: Minibatch) -> torch.Tensor:
     if run.clip:
         torch.nn.utils.clip_grad_norm_(run.policy.parameters(), run.clip)
     run.optimizer.step()
-    run.scheduler.step()
+    if run.scheduler is not None:
+        run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     return loss.detach()
 
@@ -292,7 +294,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    config = yaml.safe_load(args.config.read_text())
+    config = composed_config(args.config)  # base.yaml under it, as the command line reads it
     seed_everything(config.get("seed_everything") or 0)
     run = build(config, TINY_POLICY if args.policy == "tiny" else None)
     if args.prepare:

@@ -51,7 +51,7 @@ def _model(args: dict):
 def _engine(name: str, fixed_length: bool):
     """The engine, made to generate exactly ``max_new_tokens`` tokens when ``fixed_length`` (EOS held off)."""
     from gspo_lightning.engines import HFEngine, VLLMEngine
-    from gspo_lightning.rollout.generation import SamplingSettings
+    from gspo_lightning.engines.base import SamplingSettings
 
     class FixedLengthSettings(SamplingSettings):
         def generation_config(self, tokenizer):
@@ -75,7 +75,7 @@ def throughput_worker(args: dict) -> dict:
 
     import torch
 
-    from gspo_lightning.rollout.generation import encode_prompts
+    from gspo_lightning.rollout.pipeline import encode_prompts
 
     torch.set_grad_enabled(False)
     _, module = _model(args)
@@ -110,7 +110,6 @@ def step_worker(args: dict) -> dict:
 
     from gspo_lightning import GroupSampler
     from gspo_lightning.data import ArithmeticTask, PromptDataModule
-
     from tests.fault_helpers import length_reward
 
     class StepTimer(pl.Callback):

@@ -42,8 +42,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from gspo_lightning.chunked_logprobs import chunked_head_logprobs  # noqa: E402
-from gspo_lightning.objectives import objective_loss, resolve_objective  # noqa: E402
-from gspo_lightning.objectives import objective_gradient  # noqa: E402
+from gspo_lightning.objectives import (  # noqa: E402
+    objective_gradient,  # noqa: E402
+    objective_loss,
+    resolve_objective,
+)
 from gspo_lightning.rollout.types import Minibatch  # noqa: E402
 
 MB = 2**20

@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.bench.bare_loop import QUICKSTART, StepWindow  # noqa: E402
 from experiments.common import run_fit  # noqa: E402
+from gspo_lightning.cli import composed_config  # noqa: E402
 from gspo_lightning.models.warm_start import cache_root  # noqa: E402
 
 BARE_LOOP = ROOT / "experiments/bench/bare_loop.py"
@@ -215,7 +216,7 @@ def verdict(results: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 def checkpoint_interval() -> int:
     """every_n_train_steps of the quick-start config's ModelCheckpoint."""
-    callbacks = yaml.safe_load(QUICKSTART.read_text())["trainer"]["callbacks"]
+    callbacks = composed_config(QUICKSTART)["trainer"]["callbacks"]
     spec = next(c for c in callbacks if c["class_path"].endswith(".ModelCheckpoint"))
     return spec["init_args"]["every_n_train_steps"]
 

@@ -40,7 +40,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gspo_lightning.rollout.generation import SamplingSettings, generate_responses  # noqa: E402
+from gspo_lightning.engines.base import SamplingSettings  # noqa: E402
+from gspo_lightning.engines.hf import generate_responses  # noqa: E402
 
 PAD = 0
 Variant = Callable[[nn.Module, Tensor, Tensor], Tensor]

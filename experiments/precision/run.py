@@ -15,7 +15,6 @@ Writes beside this file: ``curves.csv``, ``results.csv`` and ``precision.png``.
 from __future__ import annotations
 
 import json
-
 import sys
 from pathlib import Path
 

@@ -22,11 +22,15 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from gspo_lightning.cli import composed_config  # noqa: E402
+
 COMPARED = ("train/loss", "rollout/reward_mean", "train/ratio_mean", "train/clip_frac")
 
 
 def write_config(directory: Path, steps: int, checkpoint_every: int, kill_at: int | None) -> Path:
-    config = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
+    config = composed_config(ROOT / "configs/quickstart.yaml")
     config["trainer"]["max_steps"] = steps
     config["trainer"]["logger"]["init_args"]["save_dir"] = str(directory / "runs")
     config["trainer"]["callbacks"][0]["init_args"].update(

@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from gspo_lightning.rollout.context import parameters_are_sharded
+from gspo_lightning.strategies import parameters_are_sharded
 
 _POLICY_PREFIX = "policy."
 

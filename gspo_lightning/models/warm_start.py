@@ -133,6 +133,22 @@ class SupervisedWarmStart(PolicyLoader, ABC):
                 f"{self.base.max_position_embeddings}"
             )
 
+    def check_matches(self, source: Any, prompt_template: str | None) -> None:
+        """Refuse to warm-start on another task than RL trains on: each of ``task_settings`` the data ``source``
+        also has, and the prompt template, must be equal (checked at fit start, before the warm start trains)."""
+        shared = [name for name in self.task_settings if hasattr(source, name)]
+        pairs = [(name, getattr(self, name), getattr(source, name)) for name in shared]
+        if prompt_template is not None:
+            pairs.append(("prompt_template", self.prompt_template, prompt_template))
+        for name, warm, task in pairs:
+            if warm != task:
+                data = "prompt_template" if name == "prompt_template" else f"source.init_args.{name}"
+                where = f"data.init_args.{data}"
+                raise ValueError(
+                    f"model.init_args.policy.init_args.{name}={warm!r} but {where}={task!r}: the warm start must learn "
+                    "the task RL trains on; set them equal"
+                )
+
     def settings(self) -> dict[str, Any]:
         """Everything that determines the trained weights: the cache key is a hash of it."""
         named = {name: getattr(self, name) for name in (*self.task_settings, *_TRAINING_SETTINGS)}

@@ -1,4 +1,10 @@
-"""Group-normalised advantages (GSPO paper Eq. 6, the same as GRPO's) and the batch-std / no-std variants."""
+"""Group-normalised advantages (GSPO paper Eq. 6, the same as GRPO's) and the batch-std / no-std variants.
+
+A group is skipped when any of its responses has no reward (a reward function failed for it under
+``reward_errors="skip"``: its reward is NaN) or its prompt was skipped (``prompt_overflow="skip"``). A skipped
+group gets advantages 0 for all its responses: nothing is imputed, so it neither pushes nor pulls the policy.
+The other groups' advantages are computed as if the skipped groups were not there (the ``batch`` std included).
+"""
 
 from __future__ import annotations
 
@@ -79,3 +85,24 @@ _DENOMINATORS: dict[str, Callable[[Tensor], tuple[Tensor, Tensor]]] = {
     "batch": lambda grouped: spread(grouped.reshape(1, -1)),  # [P, G] -> [1, 1]
     "none": _no_scale,
 }
+
+
+def skipped_responses(rewards: Tensor, prompt_skipped: Tensor | None, group_size: int) -> Tensor:
+    """[N] bool, True for every response of a group with a NaN reward or a skipped prompt.
+
+    Args:
+        rewards: [N] rewards, NaN where unavailable; groups contiguous.
+        prompt_skipped: [N] bool (each prompt's flag repeated over its group), or None.
+        group_size: G.
+    """
+    bad = rewards.isnan().view(-1, group_size)  # [P, G]
+    if prompt_skipped is not None:
+        bad = bad | prompt_skipped.to(bad.device).view(-1, group_size)  # [P, G]
+    return bad.any(-1, keepdim=True).expand(-1, group_size).reshape(-1)  # [N]
+
+def advantages_with_skips(rewards: Tensor, skipped: Tensor, group_size: int, scale: AdvantageScale) -> Tensor:
+    """``group_advantages`` (Eq. 6) over the kept groups, exactly 0 for the skipped ones; [N] float32."""
+    advantages = torch.zeros(rewards.shape, dtype=torch.float32, device=rewards.device)  # [N]
+    kept = ~skipped  # [N] whole groups, so the kept rows stay group-contiguous
+    advantages[kept] = group_advantages(rewards[kept], group_size, scale)  # [N_kept]
+    return advantages

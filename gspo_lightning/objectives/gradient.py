@@ -15,6 +15,7 @@ from torch import Tensor
 
 from gspo_lightning.objectives.spec import ObjectiveSpec, objective_loss
 
+
 def objective_gradient(
     spec: ObjectiveSpec,
     old_logprobs: Tensor,

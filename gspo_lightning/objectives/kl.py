@@ -112,3 +112,21 @@ def kl_reward_penalty(old_logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, 
         estimator: the per-token estimator (see :func:`kl_penalty`).
     """
     return kl_penalty(old_logprobs.detach(), ref_logprobs, mask, estimator).sum(-1)  # [N]
+
+
+def kl_penalised_rewards(
+    rewards: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, penalty: KLRewardPenalty
+) -> tuple[Tensor, Tensor]:
+    """``r - beta * KL`` per response (``kl_in="reward"``), and the KL estimates themselves.
+
+    Args:
+        rewards: [N] combined rewards (NaN where unavailable: it stays NaN and its group stays skipped).
+        old_logprobs: [N, R] pi_old's log-probs of the sampled tokens.
+        ref_logprobs: [N, R] pi_ref's.
+        response_mask: [N, R].
+        penalty: the coefficient and the per-token estimator (see ``kl_reward_penalty``).
+    Returns:
+        penalised rewards [N] float32 and the summed KL estimate of each response [N] float32.
+    """
+    kl = kl_reward_penalty(old_logprobs, ref_logprobs, response_mask, penalty.estimator)  # [N]
+    return rewards.float().to(kl.device) - penalty.coef * kl, kl

@@ -15,13 +15,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gspo_lightning.objectives import AdvantageScale
-from gspo_lightning.rollout.signal import advantages_with_skips, skipped_responses
+from gspo_lightning.objectives.advantages import advantages_with_skips, skipped_responses
 from gspo_lightning.rollout.types import Rollout
 
 # Rollout fields by how they are padded when rollouts of different widths are joined.
 _LEFT_PADDED = ("prompt_ids", "prompt_mask")  # [N, Lp], the prompt's end aligned
 _RIGHT_PADDED = ("response_ids", "response_mask", "engine_logprobs")  # [N, R]
 _PER_RESPONSE = ("rewards", "advantages", "truncated", "prompt_cut", "prompt_skipped", "kl_penalties")  # [N]
+_PER_RESPONSE_LISTS = ("completions", "prompts")  # N items
 
 
 def informative_groups(rewards: Tensor, group_size: int) -> Tensor:
@@ -47,7 +48,8 @@ def concat_rollouts(rollouts: list[Rollout], pad_token_id: int) -> Rollout:
     for name in _PER_RESPONSE:
         tensors = [getattr(r, name) for r in rollouts]
         joined[name] = None if any(t is None for t in tensors) else torch.cat([t.to(tensors[0].device) for t in tensors])
-    joined["completions"] = [c for r in rollouts for c in r.completions]
+    for name in _PER_RESPONSE_LISTS:
+        joined[name] = [item for r in rollouts for item in getattr(r, name)]
     joined["reward_components"] = {
         name: torch.cat([r.reward_components[name] for r in rollouts]) for name in rollouts[0].reward_components
     }
@@ -62,8 +64,8 @@ def select_groups(rollout: Rollout, groups: Tensor, group_size: int) -> Rollout:
         value = getattr(rollout, f.name)
         if isinstance(value, Tensor):
             values[f.name] = value[rows.to(value.device)]
-        elif f.name == "completions":
-            values[f.name] = [value[i] for i in rows.tolist()]
+        elif f.name in _PER_RESPONSE_LISTS:  # may be empty (a rollout built without its texts)
+            values[f.name] = [value[i] for i in rows.tolist()] if value else []
         elif f.name == "reward_components":
             values[f.name] = {name: scores[rows.to(scores.device)] for name, scores in value.items()}
     return replace(rollout, **values)

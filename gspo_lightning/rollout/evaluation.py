@@ -12,21 +12,14 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
+from gspo_lightning.engines.base import SamplingSettings
 from gspo_lightning.metrics import PassAtK
-from gspo_lightning.rollout.context import inference_context, parameters_are_sharded
-from gspo_lightning.rollout.eval_sampling import (
-    count_solved,
-    evaluation_seed,
-    isolated_rng,
-    metric_device,
-    validate_evaluation,
-)
-from gspo_lightning.rollout.generation import SamplingSettings
-from gspo_lightning.rollout.pipeline import Scoring, sample_and_score
-from gspo_lightning.rollout.prompts import PromptOverflow
+from gspo_lightning.rollout.checks import check_data_columns, validate_evaluation
+from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, sample_and_score
 from gspo_lightning.rollout.sampler import GroupSampler
-from gspo_lightning.rollout.sampler_checks import check_data_columns
+from gspo_lightning.rollout.state import evaluation_seed, isolated_rng
 from gspo_lightning.rollout.types import PromptBatch
+from gspo_lightning.strategies import inference_context, parameters_are_sharded
 
 
 class HeldOutEvaluation(Callback):
@@ -223,3 +216,22 @@ class HeldOutEvaluation(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = [tuple(item) for item in state_dict["history"]]
+
+
+def metric_device(device: torch.device) -> torch.device:
+    """Where the float64 pass@k states live: the module's device (DDP reduces there), except MPS (no float64)."""
+    return torch.device("cpu") if device.type == "mps" else device
+
+def count_solved(scores: Tensor, samples_per_prompt: int, solved_at: float) -> Tensor:
+    """How many of each prompt's samples scored >= ``solved_at``.
+
+    Args:
+        scores: [P * n] scores, prompt-major (prompt i's samples at rows i*n .. i*n + n - 1).
+        samples_per_prompt: n.
+        solved_at: the score from which a sample counts as solved.
+
+    Returns:
+        [P] int64.
+    """
+    solved = scores >= solved_at  # [P * n] bool; NaN counts as unsolved
+    return solved.view(-1, samples_per_prompt).sum(-1)  # [P]

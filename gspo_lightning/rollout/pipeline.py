@@ -4,6 +4,11 @@
 
 ``GroupSampler`` turns the result into advantages and minibatches; ``HeldOutEvaluation`` counts what was solved.
 No Lightning here.
+
+A prompt overflows when its token count plus ``max_new_tokens`` exceeds the policy's context length. Truncation
+is on the left: the last ``context - max_new_tokens`` prompt tokens are kept, so the end of the prompt (the
+question, the chat template's generation prompt) survives and its beginning (a system prompt, few-shot examples,
+BOS) is cut.
 """
 
 from __future__ import annotations
@@ -11,22 +16,91 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.base import EngineSamples, SamplingEngine
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings
 from gspo_lightning.rewards.isolation import RewardRunner
 from gspo_lightning.rewards.scoring import RewardFunction, score_completions
-from gspo_lightning.rollout.generation import (
-    SamplingSettings,
-    decode_responses,
-    encode_prompts,
-    response_mask_until_eos,
-)
-from gspo_lightning.rollout.prompts import PromptOverflow, context_length, fit_prompts_to_context
 from gspo_lightning.rollout.types import Prompt
+
+PromptOverflow = Literal["error", "truncate", "skip"]
+
+PROMPT_OVERFLOWS: tuple[str, ...] = ("error", "truncate", "skip")
+
+# Tokenizers without a known limit report int(1e30) as model_max_length; configs sometimes hold junk too.
+_LARGEST_PLAUSIBLE_CONTEXT = 10**8
+
+def _plausible(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _LARGEST_PLAUSIBLE_CONTEXT:
+        return value
+    return None
+
+def context_length(policy: nn.Module | None, tokenizer: PreTrainedTokenizerBase | None) -> int | None:
+    """The policy's ``config.max_position_embeddings``, else the tokenizer's ``model_max_length``, else None.
+
+    A value that is missing, not a positive int or absurdly large (an unset tokenizer limit) does not count.
+    A wrapper (``policy.module``, as some strategies add) is looked through.
+    """
+    config = getattr(policy, "config", None) or getattr(getattr(policy, "module", None), "config", None)
+    from_config = _plausible(getattr(config, "max_position_embeddings", None))
+    if from_config is not None:
+        return from_config
+    return _plausible(getattr(tokenizer, "model_max_length", None))
+
+def fit_prompts_to_context(
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    max_new_tokens: int,
+    context: int | None,
+    overflow: PromptOverflow = "error",
+    setting: str = "sampler.prompt_overflow",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Make every left-padded prompt fit ``context`` together with ``max_new_tokens`` response tokens.
+
+    Args:
+        prompt_ids: [P, Lp] left-padded prompt tokens.
+        prompt_mask: [P, Lp] 1 on real prompt tokens.
+        max_new_tokens: the response budget.
+        context: the context length (None: unknown, nothing is checked).
+        overflow: ``"error"`` raises naming the first overflowing prompt; ``"truncate"`` and ``"skip"`` both
+            keep the last ``context - max_new_tokens`` tokens of every overflowing prompt (the caller leaves
+            skipped prompts out of learning).
+        setting: the setting's name, for the error message.
+
+    Returns:
+        prompt_ids: [P, Lp'] with Lp' = min(Lp, context - max_new_tokens) when anything overflows.
+        prompt_mask: [P, Lp'].
+        overflowed: [P] bool, True for the prompts that were (or would have been) cut.
+    """
+    if overflow not in PROMPT_OVERFLOWS:
+        raise ValueError(f"{setting} must be one of {list(PROMPT_OVERFLOWS)}, got {overflow!r}")
+    lengths = prompt_mask.sum(-1)  # [P]
+    if context is None:
+        return prompt_ids, prompt_mask, lengths < 0  # [P, Lp], [P, Lp], [P] all False
+    budget = context - max_new_tokens
+    overflowed = lengths > budget  # [P]
+    if not bool(overflowed.any()):
+        return prompt_ids, prompt_mask, overflowed
+    first = int(overflowed.nonzero()[0, 0])
+    if overflow == "error" or budget < 1:
+        reason = (
+            f"set {setting} to 'truncate' or 'skip' (allowed: {list(PROMPT_OVERFLOWS)}), shorten the prompt or "
+            "lower max_new_tokens"
+            if budget >= 1
+            else "lower max_new_tokens: no prompt token would fit"
+        )
+        raise ValueError(
+            f"prompt {first} of the batch has {int(lengths[first])} tokens; with max_new_tokens={max_new_tokens} "
+            f"it needs {int(lengths[first]) + max_new_tokens} > the policy's context length {context} "
+            f"({int(overflowed.sum())} prompt(s) of the batch overflow; {setting}={overflow!r}): {reason}"
+        )
+    # Left padding puts every prompt's real tokens at the right end, so the last `budget` columns hold the
+    # last `budget` tokens of an overflowing prompt and the whole of every other one.
+    return prompt_ids[:, -budget:], prompt_mask[:, -budget:], overflowed  # [P, budget] x2, [P]
 
 
 @dataclass
@@ -118,3 +192,45 @@ def sample_and_score(
 def repeat_each(values: list[Any], times: int) -> list[Any]:
     """Each value ``times`` times in a row, matching ``repeat_interleave`` of the prompt rows."""
     return [value for value in values for _ in range(times)]
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> str:
+    """A plain prompt as is; a chat conversation through the tokenizer's chat template."""
+    if isinstance(prompt, str):
+        return prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "the prompts are chat messages (data chat_template=true) but the tokenizer has no chat template: "
+            "set data.init_args.chat_template=false, or use a tokenizer that defines one"
+        )
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], device: torch.device | str
+) -> tuple[Tensor, Tensor]:
+    """Left-padded prompt ids and attention mask, [P, Lp] each."""
+    texts = [render_prompt(tokenizer, p) for p in prompts]
+    # A chat template already writes the special tokens the model expects.
+    add_special = all(isinstance(p, str) for p in prompts)
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=add_special)
+    return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+
+def response_mask_until_eos(response_ids: Tensor, eos_token_id: int) -> tuple[Tensor, Tensor]:
+    """Mask of the tokens up to and including the first EOS, and which responses never reached EOS.
+
+    Returns:
+        mask: [N, R] long, 1 on response tokens (EOS included: the policy must learn to stop).
+        truncated: [N] bool, True where no EOS was produced within max_new_tokens.
+    """
+    is_eos = (response_ids == eos_token_id).long()  # [N, R]
+    eos_before = is_eos.cumsum(-1) - is_eos  # [N, R] EOS tokens strictly before t
+    mask = (eos_before == 0).long()  # [N, R]
+    truncated = is_eos.sum(-1) == 0  # [N]
+    return mask, truncated
+
+def decode_responses(tokenizer: PreTrainedTokenizerBase, response_ids: Tensor, response_mask: Tensor) -> list[str]:
+    """The text of each response, without EOS and what follows it."""
+    lengths = response_mask.sum(-1).tolist()
+    rows = [ids[:length] for ids, length in zip(response_ids.tolist(), lengths)]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)

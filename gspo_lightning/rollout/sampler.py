@@ -24,12 +24,26 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
+from gspo_lightning.engines.base import SamplingSettings
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE
-from gspo_lightning.metric_logging import flush_step_metrics, log_across_ranks, shows_progress_bar
+from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
 from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale, KLRewardPenalty
+from gspo_lightning.objectives.advantages import advantages_with_skips, skipped_responses
+from gspo_lightning.objectives.kl import kl_penalised_rewards
 from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
 from gspo_lightning.rewards.scoring import RewardErrors, RewardFunction
-from gspo_lightning.rollout.context import inference_context, parameters_are_sharded
+from gspo_lightning.rollout.checks import (
+    OldLogprobSource,
+    check_chat_template,
+    check_data_columns,
+    check_module_agrees,
+    check_rollout_correction,
+    check_rollout_shape,
+    check_routing_replay,
+    validate_old_logprobs,
+    validate_robustness,
+    validate_sampling,
+)
 from gspo_lightning.rollout.dynamic_sampling import (
     choose_groups,
     concat_rollouts,
@@ -37,28 +51,19 @@ from gspo_lightning.rollout.dynamic_sampling import (
     select_groups,
     with_advantages,
 )
-from gspo_lightning.rollout.eval_sampling import evaluation_seed
-from gspo_lightning.rollout.generation import SamplingSettings
 from gspo_lightning.rollout.minibatches import check_divisible, split_minibatches
-from gspo_lightning.rollout.pipeline import Scoring, sample_and_score
-from gspo_lightning.rollout.prompts import PromptOverflow
-from gspo_lightning.rollout.rank_state import gather_per_rank, rank_and_world, select_rank
-from gspo_lightning.rollout.rng import restore_rng_states, rng_states
-from gspo_lightning.rollout.sampler_checks import (
-    OldLogprobSource,
-    check_chat_template,
-    check_data_columns,
-    check_module_agrees,
-    check_rollout_shape,
-    check_rollout_correction,
-    check_routing_replay,
-    validate_old_logprobs,
-    validate_robustness,
-    validate_sampling,
+from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, repeat_each, sample_and_score
+from gspo_lightning.rollout.state import (
+    evaluation_seed,
+    gather_per_rank,
+    rank_and_world,
+    restore_rng_states,
+    rng_states,
+    select_rank,
 )
-from gspo_lightning.rollout.signal import advantages_with_skips, kl_penalised_rewards, skipped_responses
 from gspo_lightning.rollout.stats import rollout_stats
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
+from gspo_lightning.strategies import inference_context, parameters_are_sharded
 from gspo_lightning.validation import require
 
 
@@ -176,6 +181,9 @@ class GroupSampler(Callback):
         self.reward_runner = RewardRunner(reward_isolation, reward_timeout_s)
         self.old_logprobs = old_logprobs
         self._rollout_index: int | None = None
+        self.last_rollout: Rollout | None = None
+        """This rank's latest round as trained on (texts, rewards, final advantages), e.g. for ``LogCompletions``;
+        None until a round was sampled in this process."""
         self._minibatches: list[Minibatch] = []
         self._stats: dict[str, torch.Tensor] = {}
         self._pending_rng: dict[str, Any] | None = None
@@ -238,7 +246,6 @@ class GroupSampler(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         log_across_ranks(pl_module, {"time/train_s": time.perf_counter() - self._step_started})
-        flush_step_metrics(trainer)  # GSPOModule flushes too; this serves any other LightningModule
 
     def _new_round(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch) -> None:
         check_divisible(len(batch) * self.group_size, self.num_minibatches)
@@ -267,6 +274,7 @@ class GroupSampler(Callback):
         penalty = getattr(pl_module, "kl_reward_penalty", None)
         if penalty is not None:
             rollout = self._penalise_rewards(rollout, penalty)
+        self.last_rollout = rollout
         self._stats = rollout_stats(rollout, self.group_size)
         self._stats.update({name: torch.tensor(float(value)) for name, value in counts.items()})
         if self.mask_truncated:
@@ -358,6 +366,7 @@ class GroupSampler(Callback):
             advantages=advantages_with_skips(rewards, skipped, self.group_size, self.advantage_scale).to(device),
             truncated=scored.truncated,
             completions=scored.completions,
+            prompts=repeat_each(prompts, self.group_size),
             reward_components=scored.reward_components,
             prompt_cut=cut,
             prompt_skipped=prompt_skipped,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gspo_lightning.rollout.signal import skipped_responses
+from gspo_lightning.objectives.advantages import skipped_responses
 from gspo_lightning.rollout.types import Rollout
 
 

@@ -106,6 +106,8 @@ class Rollout:
                                  engine that reports them for free); else None
         kl_penalties:   [N]      float32 summed KL(pi_old || pi_ref) estimate of each response, when it was
                                  subtracted from the rewards (``kl_in="reward"``); else None
+        completions:    N response texts (EOS and what follows left out)
+        prompts:        N prompts as the data module formatted them, each repeated G times
     """
 
     prompt_ids: Tensor
@@ -116,6 +118,7 @@ class Rollout:
     advantages: Tensor
     truncated: Tensor
     completions: list[str] = field(default_factory=list)
+    prompts: list[Prompt] = field(default_factory=list)
     reward_components: dict[str, Tensor] = field(default_factory=dict)
     prompt_cut: Tensor | None = None
     prompt_skipped: Tensor | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -46,7 +48,7 @@ class WeightWatcher(pl.Callback):
 
 def _fit(tmp_path, callbacks, batches):
     torch.manual_seed(0)
-    module = GSPOModule(TinyQwen3(**TINY), lr=1e-3, max_new_tokens=4)
+    module = GSPOModule(TinyQwen3(**TINY), optimizer=functools.partial(torch.optim.AdamW, lr=1e-3), max_new_tokens=4)
     data = PromptDataModule(ArithmeticTask(train_size=64, eval_size=8), "{question}=", prompts_per_rollout=2,
                             minibatches_per_rollout=2)
     sampler = GroupSampler(rewards=[length_reward], group_size=4, num_minibatches=2, max_new_tokens=4)

@@ -8,8 +8,8 @@ import socket
 from pathlib import Path
 
 import pytest
-import yaml
 
+from gspo_lightning.cli import composed_config
 from gspo_lightning.data import PromptDataModule, SampleDataset
 from gspo_lightning.data import sample_data as samples_module
 from gspo_lightning.data.sample_data import available_samples, sample_path
@@ -93,7 +93,7 @@ def test_bad_eval_size_fails_at_construction() -> None:
 
 def test_math_sample_config_tokenizer_covers_every_chat_prompt() -> None:
     # The tiny model's alphabet must cover what its chat template renders, or prompts fill with <unk>.
-    config = yaml.safe_load((ROOT / "configs/math_sample.yaml").read_text())
+    config = composed_config(ROOT / "configs/math_sample.yaml")
     policy = TinyQwen3(**config["model"]["init_args"]["policy"]["init_args"])
     tokenizer = policy.load_tokenizer()
     data = config["data"]["init_args"]

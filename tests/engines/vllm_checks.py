@@ -21,9 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gspo_lightning import GSPOModule  # noqa: E402
 from gspo_lightning.engines import HFEngine, VLLMEngine  # noqa: E402
+from gspo_lightning.engines.base import SamplingSettings  # noqa: E402
 from gspo_lightning.logprobs import response_logprobs  # noqa: E402
 from gspo_lightning.models import TinyQwen3  # noqa: E402
-from gspo_lightning.rollout.generation import SamplingSettings, encode_prompts, response_mask_until_eos  # noqa: E402
+from gspo_lightning.rollout.pipeline import encode_prompts, response_mask_until_eos  # noqa: E402
 
 PROMPTS, G, MAX_NEW = ["1+1=", "12+34=", "7"], 4, 8
 

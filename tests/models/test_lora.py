@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -59,7 +60,7 @@ def _base_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def test_only_adapter_weights_require_grad_and_are_optimised():
-    module = GSPOModule(_lora(), weight_decay=0.1)
+    module = GSPOModule(_lora(), optimizer=functools.partial(torch.optim.AdamW, weight_decay=0.1))
     module.configure_model()
     policy = module.policy
     assert isinstance(policy, peft.PeftModel)
@@ -111,7 +112,8 @@ def test_logits_to_keep_and_generate_work_through_the_peft_wrapper(tokenizer):
 
 def test_kl_reference_is_a_frozen_copy_of_the_initial_adapted_policy():
     spec = ObjectiveSpec("gspo", kl_coef=0.1, kl_estimator="k3")
-    module = GSPOModule(_lora(), objective=spec, lr=1e-2, max_new_tokens=4)
+    adamw = functools.partial(torch.optim.AdamW, lr=1e-2)
+    module = GSPOModule(_lora(), objective=spec, optimizer=adamw, max_new_tokens=4)
     module.configure_model()
     module.on_fit_start()
     reference = module.reference_policy
@@ -244,7 +246,8 @@ def test_lora_parses_from_yaml_through_the_cli(tmp_path, monkeypatch):
 
 def test_one_lightning_fit_moves_the_adapter_and_not_the_base(tmp_path):
     torch.manual_seed(0)
-    module = GSPOModule(_lora(), lr=1e-3, weight_decay=0.1, max_new_tokens=4)
+    adamw = functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
+    module = GSPOModule(_lora(), optimizer=adamw, max_new_tokens=4)
     module.configure_model()  # idempotent: fit reuses this policy, so the snapshot below is of what trains
     base_before = _base_state(module.policy)
     adapter_before = {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}

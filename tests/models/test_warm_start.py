@@ -155,3 +155,29 @@ def test_validation() -> None:
         WarmStartedTinyQwen3(base=TinyQwen3(max_position_embeddings=8))
     with pytest.raises(ValueError, match="operations"):
         WarmStartedTinyQwen3(operations="/")
+
+
+@pytest.mark.parametrize(
+    ("loader", "data", "message"),
+    [
+        ({"num_digits": 3}, {"num_digits": 2}, r"model.init_args.policy.init_args.num_digits=3 but "
+                                               r"data.init_args.source.init_args.num_digits=2"),
+        ({"prompt_template": "{question} ="}, {}, r"policy.init_args.prompt_template=.\{question\} =. but "
+                                                    r"data.init_args.prompt_template='\{question\}='"),
+    ],
+)  # fmt: skip
+def test_a_warm_start_on_another_task_than_the_data_is_refused_before_it_trains(tmp_path, loader, data, message):
+    import lightning.pytorch as pl
+
+    from gspo_lightning import GroupSampler, GSPOModule
+    from gspo_lightning.data import ArithmeticTask, PromptDataModule
+    from gspo_lightning.rewards import ExactAnswer
+
+    policy = WarmStartedTinyQwen3(cache_dir=str(tmp_path / "never"), **loader)
+    datamodule = PromptDataModule(ArithmeticTask(**{"num_digits": 3, **data}), "{question}=", prompts_per_rollout=2)
+    trainer = pl.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, callbacks=[GroupSampler([ExactAnswer()], group_size=2)])  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(GSPOModule(policy, max_new_tokens=256), datamodule=datamodule)
+    assert not (tmp_path / "never").exists()  # refused before the warm start trained (and cached) anything
+    WarmStartedTinyQwen3(num_digits=2).check_matches(ArithmeticTask(num_digits=2), "{question}=")  # equal: fine

@@ -10,15 +10,15 @@ from torch import Tensor
 from gspo_lightning.objectives import (
     OBJECTIVE_PRESETS,
     KLRewardPenalty,
-    kl_reward_penalty,
-    reward_kl_penalty,
     aggregate_constant,
     aggregate_sequence_mean,
     aggregate_token_mean,
     kl_penalty,
+    kl_reward_penalty,
     objective_loss,
+    reward_kl_penalty,
 )
-from gspo_lightning.rollout.signal import kl_penalised_rewards
+from gspo_lightning.objectives.kl import kl_penalised_rewards
 from tests.objectives.helpers import close, random_batch
 
 LOG_HALF, LOG_QUARTER = math.log(0.5), math.log(0.25)

@@ -10,10 +10,7 @@ import pytest
 import torch
 
 from gspo_lightning.cli import main
-from gspo_lightning.models import TinyQwen3
-from gspo_lightning.module import GSPOModule
 from gspo_lightning.objectives import OBJECTIVES, ObjectiveSpec, objective_loss
-from tests.conftest import TINY
 from tests.objectives.helpers import random_batch
 from tests.test_cli import ROOT
 

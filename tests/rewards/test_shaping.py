@@ -30,8 +30,8 @@ def test_length_penalty_in_characters() -> None:
 
 def test_length_penalty_counts_the_policys_tokens(tokenizer) -> None:
     """With a tokenizer whose tokens are not characters, the count is the tokens'."""
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()

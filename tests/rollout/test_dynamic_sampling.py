@@ -3,6 +3,8 @@ untouched, the extra prompts' stream resumes, and truncated responses leave the 
 
 from __future__ import annotations
 
+import functools
+
 import lightning.pytorch as pl
 import torch
 
@@ -47,7 +49,7 @@ def test_rollouts_of_different_widths_join_with_the_right_padding():
 
 def _fit(tmp_path, steps: int, **sampler_options) -> tuple[GroupSampler, PromptDataModule, list]:
     torch.manual_seed(0)
-    module = GSPOModule(TinyQwen3(**TINY), lr=1e-3, max_new_tokens=6)
+    module = GSPOModule(TinyQwen3(**TINY), optimizer=functools.partial(torch.optim.AdamW, lr=1e-3), max_new_tokens=6)
     data = PromptDataModule(ArithmeticTask(num_digits=2, train_size=64, eval_size=8), "{question}=",
                             prompts_per_rollout=4, minibatches_per_rollout=2)  # fmt: skip
     sampler = GroupSampler(rewards=[odd_prompts_teach_nothing], group_size=G, num_minibatches=2, max_new_tokens=6,

@@ -8,7 +8,7 @@ from gspo_lightning.rollout.types import Rollout
 
 def _rollout(tokenizer, policy, prompts, response_lengths, width=6):
     """A rollout with hand-chosen prompts (left padded) and responses of given lengths (EOS last)."""
-    from gspo_lightning.rollout.generation import encode_prompts
+    from gspo_lightning.rollout.pipeline import encode_prompts
 
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, "cpu")
     n = len(prompts)

@@ -11,7 +11,7 @@ from gspo_lightning.engines import HFEngine
 from gspo_lightning.logprobs import response_logprobs
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout import GroupSampler, PromptBatch
-from gspo_lightning.rollout.generation import encode_prompts
+from gspo_lightning.rollout.pipeline import encode_prompts
 
 
 class ReinforceModule(pl.LightningModule):

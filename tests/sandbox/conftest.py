@@ -18,7 +18,6 @@ import pytest
 from gspo_lightning.sandbox import Sandbox, isolation_unavailable_reason
 from gspo_lightning.sandbox.spec import LaunchSpec, Outcome
 
-
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "gspo_lightning/data/samples/code.jsonl"
 LAUNCHER = ROOT / "gspo_lightning/sandbox/launcher"

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import seccomp
 import syscalls
-from syscalls import PR_SET_NO_NEW_PRIVS, SetupError
+from syscalls import PR_SET_NO_NEW_PRIVS
 from wire import SETUP_FAILED, write_outcome
 
 _DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD)

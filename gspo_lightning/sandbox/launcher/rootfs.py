@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
-
 from syscalls import (
     CLONE_NEWNS,
     MS_BIND,

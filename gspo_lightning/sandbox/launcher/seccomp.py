@@ -18,7 +18,7 @@ import errno
 import struct
 
 import syscalls
-from syscalls import ARCHITECTURE, NAMESPACE_FLAGS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, CLONE_NEWTIME, SetupError
+from syscalls import ARCHITECTURE, CLONE_NEWTIME, NAMESPACE_FLAGS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, SetupError
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _X32_SYSCALL_BIT = 0x40000000  # x86_64's x32 ABI: the same arch value, other numbers

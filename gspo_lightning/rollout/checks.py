@@ -1,7 +1,9 @@
-"""Early checks of the GroupSampler's settings and of what the trainer hands it, before any model is built."""
+"""Early checks of the GroupSampler's and the HeldOutEvaluation's settings and of what the trainer hands them,
+before any model is built; each message names the setting as the user wrote it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -9,7 +11,7 @@ from gspo_lightning.data.checks import check_reward_columns
 from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
 from gspo_lightning.rewards.scoring import REWARD_ERRORS
 from gspo_lightning.rollout.minibatches import check_divisible
-from gspo_lightning.rollout.prompts import PROMPT_OVERFLOWS
+from gspo_lightning.rollout.pipeline import PROMPT_OVERFLOWS
 from gspo_lightning.validation import require
 
 
@@ -155,4 +157,53 @@ def validate_old_logprobs(old_logprobs: str) -> None:
     require(
         old_logprobs in ("recompute", "engine"),
         f"sampler.old_logprobs must be one of ['recompute', 'engine'], got {old_logprobs!r}{renamed}",
+    )
+
+
+def validate_evaluation(
+    every_n_steps: int,
+    max_new_tokens: int,
+    prompt_overflow: str,
+    samples_per_prompt: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    pass_k: Sequence[int],
+    solved_at: float,
+    seed: int,
+) -> None:
+    """Every ``evaluation.*`` setting, checked before any model is built; each message names the setting."""
+    require(every_n_steps >= 0, f"evaluation.every_n_steps must be >= 0 (0 disables it), got {every_n_steps}")
+    require(max_new_tokens >= 1, f"evaluation.max_new_tokens must be >= 1, got {max_new_tokens}")
+    require(
+        prompt_overflow in PROMPT_OVERFLOWS,
+        f"evaluation.prompt_overflow must be one of {list(PROMPT_OVERFLOWS)}, got {prompt_overflow!r}",
+    )
+    require(
+        samples_per_prompt >= 1,
+        f"evaluation.samples_per_prompt must be >= 1 (1: one greedy decode per prompt), got {samples_per_prompt}",
+    )
+    require(
+        temperature > 0,
+        f"evaluation.temperature must be > 0 (it applies when samples_per_prompt > 1), got {temperature}",
+    )
+    require(0 < top_p <= 1, f"evaluation.top_p must be in (0, 1], got {top_p}")
+    require(top_k >= 0, f"evaluation.top_k must be >= 0 (0 disables it), got {top_k}")
+    ks = list(pass_k)
+    require(len(ks) > 0, "evaluation.pass_k must name at least one k (e.g. [1])")
+    in_range = all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= samples_per_prompt for k in ks)
+    require(
+        in_range,
+        f"evaluation.pass_k entries must be between 1 and evaluation.samples_per_prompt={samples_per_prompt}, "
+        f"got {ks}: the unbiased pass@k estimate needs at least k samples per prompt (raise samples_per_prompt)",
+    )
+    require(len(set(ks)) == len(ks), f"evaluation.pass_k entries must be distinct, got {ks}")
+    number = isinstance(solved_at, int | float) and not isinstance(solved_at, bool)
+    require(
+        number and math.isfinite(solved_at),
+        f"evaluation.solved_at must be a finite number (a sample is solved when its score >= it), got {solved_at!r}",
+    )
+    require(
+        isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0,
+        f"evaluation.seed must be an integer >= 0, got {seed!r}",
     )

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gspo_lightning.rollout.prompts import context_length, fit_prompts_to_context
+from gspo_lightning.rollout.pipeline import context_length, fit_prompts_to_context
 
 PAD = 0
 

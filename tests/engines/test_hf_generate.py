@@ -3,18 +3,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from gspo_lightning.engines.base import SamplingSettings
+from gspo_lightning.engines.hf import generate_groups, generate_responses, generate_with_logprobs, prefill_prompt_cache
 from gspo_lightning.logprobs import response_logprobs
-from gspo_lightning.rollout.generation import (
-    SamplingSettings,
-    decode_responses,
-    encode_prompts,
-    generate_groups,
-    generate_responses,
-    generate_with_logprobs,
-    prefill_prompt_cache,
-    render_prompt,
-    response_mask_until_eos,
-)
+from gspo_lightning.rollout.pipeline import decode_responses, encode_prompts, render_prompt, response_mask_until_eos
 
 EOS = 1
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gspo_lightning.objectives import OBJECTIVE_PRESETS, group_advantages, objective_loss
-from gspo_lightning.rollout.signal import advantages_with_skips, skipped_responses
+from gspo_lightning.objectives.advantages import advantages_with_skips, skipped_responses
 from gspo_lightning.rollout.stats import rollout_stats
 from gspo_lightning.rollout.types import Rollout
 

@@ -11,9 +11,11 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from gspo_lightning.engines.base import SamplingSettings
+from gspo_lightning.engines.hf import generate_groups, generate_responses
 from gspo_lightning.models import Pretrained, TinyQwen3
 from gspo_lightning.models.char_tokenizer import ASCII_ALPHABET
-from gspo_lightning.rollout.generation import SamplingSettings, encode_prompts, generate_groups, generate_responses
+from gspo_lightning.rollout.pipeline import encode_prompts
 from tests.conftest import TINY
 
 
