@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from filelock import FileLock
+from safetensors.torch import save_file
 from torch import Tensor
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -35,6 +36,7 @@ WARM_START_VERSION = 1
 """Bump when the training recipe changes, so caches of the old recipe are no longer used."""
 
 REPORT_FILE = "warm_start.json"
+MODEL_FILE = "model.safetensors"
 CACHE_ENV_VAR = "GSPO_LIGHTNING_CACHE"
 _EVAL_SEED_OFFSET = 1_000_003  # evaluation problems come from a different stream than the training ones
 _EVAL_CHUNK = 256  # problems per generate call during evaluation
@@ -229,21 +231,30 @@ def settings_hash(settings: dict[str, Any]) -> str:
 
 
 def ensure_cached(loader: SupervisedWarmStart, path: Path) -> None:
-    """Train and save the warm start at ``path`` unless it is already there.
+    """Train and save the warm start at ``path`` unless a complete one is already there.
 
     The file lock makes concurrent processes (DDP ranks started together) wait for the first one to finish
-    instead of each training its own copy.
+    instead of each training its own copy. An incomplete entry (one written before the fix below, where a rank
+    other than 0 held the lock) is trained again.
     """
-    if (path / REPORT_FILE).is_file():
+    if is_complete(path):
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
-        if (path / REPORT_FILE).is_file():  # another process finished while we waited
+        if is_complete(path):  # another process finished while we waited
             return
+        if path.exists():
+            logger.warning("warm start: the cache at %s lacks the model's files; training it again", path)
+            shutil.rmtree(path)
         logger.info("warm start: no cache at %s, training", path)
         tokenizer = loader.load_tokenizer()
         model, report = train_warm_start(loader, tokenizer)
         _save_atomically(model, tokenizer, report, path)
+
+
+def is_complete(path: Path) -> bool:
+    """The report, the model's config and its weights are all in ``path``."""
+    return all((path / name).is_file() for name in (REPORT_FILE, "config.json", MODEL_FILE))
 
 
 def _save_atomically(
@@ -252,17 +263,36 @@ def _save_atomically(
     """Write model, tokenizer and report to a temp directory, then rename it into place.
 
     A reader never sees a half-written cache, even if this process is killed while saving. The tokenizer is
-    saved too, so the directory also loads with ``Pretrained(name_or_path=...)``.
+    saved too, so the directory also loads with ``Pretrained(name_or_path=...)``. The model is written with
+    safetensors, not ``save_pretrained``: once torch.distributed is initialised, transformers writes a model
+    only on global rank 0, and whichever rank holds the lock trains the warm start.
     """
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        model.save_pretrained(tmp)
+        model.config.save_pretrained(tmp)
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(tmp)
+        save_file(_one_name_per_tensor(model), str(tmp / MODEL_FILE), metadata={"format": "pt"})
         tokenizer.save_pretrained(tmp)
         (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
         os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _one_name_per_tensor(model: PreTrainedModel) -> dict[str, Tensor]:
+    """The state dict with one name per shared tensor, the first in the model's order (the input embedding of
+    tied weights, as ``save_pretrained`` keeps it: loading then initialises nothing, which would draw random
+    numbers, and ties the head to it)."""
+    tensors: dict[str, Tensor] = {}
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key not in seen:
+            seen.add(key)
+            tensors[name] = tensor.detach().contiguous()
+    return tensors
 
 
 def train_warm_start(

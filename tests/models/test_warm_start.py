@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from gspo_lightning.models import WARM_START_VERSION, TinyQwen3, WarmStartedTinyQwen3, warm_start
 from gspo_lightning.models.warm_start import REPORT_FILE, training_batch
@@ -181,3 +182,34 @@ def test_a_warm_start_on_another_task_than_the_data_is_refused_before_it_trains(
         trainer.fit(GSPOModule(policy, max_new_tokens=256), datamodule=datamodule)
     assert not (tmp_path / "never").exists()  # refused before the warm start trained (and cached) anything
     WarmStartedTinyQwen3(num_digits=2).check_matches(ArithmeticTask(num_digits=2), "{question}=")  # equal: fine
+
+
+def test_a_warm_start_trained_on_a_rank_other_than_0_is_complete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # Under DDP whichever rank takes the lock trains; transformers' save_pretrained writes nothing on rank != 0.
+    real = warm_start.train_warm_start
+
+    def then_save_as_rank_1(*args: Any, **kwargs: Any) -> Any:
+        trained = real(*args, **kwargs)
+        monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.distributed, "get_rank", lambda *args, **kwargs: 1)
+        return trained
+
+    monkeypatch.setattr(warm_start, "train_warm_start", then_save_as_rank_1)
+    loader = tiny(tmp_path, max_steps=10)
+    tokenizer = loader.load_tokenizer()
+    trained = loader.load_model(tokenizer)
+    monkeypatch.undo()
+    assert warm_start.is_complete(loader.cache_path())
+    ids = torch.tensor([tokenizer("1+2=")["input_ids"]])
+    reloaded = AutoModelForCausalLM.from_pretrained(loader.cache_path(), dtype=torch.float32)
+    torch.testing.assert_close(reloaded(ids).logits, trained(ids).logits, rtol=0, atol=0)
+
+
+def test_an_incomplete_cache_entry_is_trained_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = tiny(tmp_path, max_steps=10)
+    path = loader.cache_path()
+    path.mkdir(parents=True)
+    (path / REPORT_FILE).write_text("{}")  # what an earlier version left when rank 1 trained: no model files
+    calls = count_training(monkeypatch)
+    loader.load_model(loader.load_tokenizer())
+    assert len(calls) == 1 and warm_start.is_complete(path)
