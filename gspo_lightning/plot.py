@@ -67,14 +67,16 @@ def panel_series(series: Series, names: tuple[str, ...]) -> Series:
     return chosen
 
 
-def smooth(values: list[float], window: int) -> list[float]:
-    """Trailing moving average over ``window`` points (1: unchanged)."""
+def smooth(steps: list[int], values: list[float], window: int) -> list[float]:
+    """Trailing mean over the last ``window`` steps (not points): a value logged every 100 steps, such as the
+    held-out accuracy, stays as it is with a window of 10 (1: unchanged)."""
     if window <= 1:
         return list(values)
-    out, total = [], 0.0
-    for i, value in enumerate(values):
-        total += value - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
+    out, first = [], 0
+    for i, step in enumerate(steps):
+        while steps[first] <= step - window:
+            first += 1
+        out.append(sum(values[first : i + 1]) / (i + 1 - first))
     return out
 
 
@@ -113,7 +115,7 @@ def _draw_panel(axis, chosen: Series, label: str, colour: str, window: int) -> N
     for number, (name, (steps, values)) in enumerate(chosen.items()):
         suffix = "" if len(chosen) == 1 else f" {name.rsplit('/', 1)[-1]}"
         marker = "o" if len(steps) < 30 else None  # held-out accuracy: a few points
-        axis.plot(steps, smooth(values, window), styles[number % len(styles)], color=colour, marker=marker,
+        axis.plot(steps, smooth(steps, values, window), styles[number % len(styles)], color=colour, marker=marker,
                   markersize=3, linewidth=1.2, alpha=1.0 if number == 0 else 0.75, label=label + suffix)  # fmt: skip
 
 

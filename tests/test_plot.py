@@ -47,9 +47,12 @@ def test_metrics_are_read_per_step_without_the_empty_and_nan_cells(tmp_path):
     assert list(drift) == ["drift/kl_old_theta_mb0", "drift/kl_old_theta_mb1"]
 
 
-def test_smoothing_is_a_trailing_mean():
-    assert smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
-    assert smooth([1.0, 3.0], 1) == [1.0, 3.0]
+def test_smoothing_is_a_trailing_mean_over_steps():
+    assert smooth([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert smooth([0, 1], [1.0, 3.0], 1) == [1.0, 3.0]
+    # an evaluation every 100 steps is not averaged with the earlier ones by a 10-step window
+    assert smooth([0, 100, 200], [0.2, 0.3, 0.4], 10) == [0.2, 0.3, 0.4]
+    assert smooth([0, 1, 5, 6], [1.0, 3.0, 5.0, 7.0], 3) == [1.0, 2.0, 5.0, 6.0]
 
 
 def test_the_newest_version_of_a_run_is_read(tmp_path):
