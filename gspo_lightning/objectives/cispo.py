@@ -12,11 +12,16 @@ not removed).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from gspo_lightning.objectives.aggregation import aggregate_token_mean
-from gspo_lightning.objectives.clipping import exp_with_linear_tail, surrogate_stats, token_log_ratio, validate_shapes
+from gspo_lightning.objectives.clipping import (
+    exp_with_linear_tail,
+    reference_token_terms,
+    surrogate_stats,
+    token_log_ratio,
+    validate_shapes,
+)
 from gspo_lightning.objectives.gspo import sequence_log_ratio
 from gspo_lightning.objectives.gspo_token import per_token_advantages
 from gspo_lightning.objectives.registry import Objective, register
@@ -42,14 +47,11 @@ def cispo_loss(
 
 
 def cispo_reference_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high):
-    terms = []
-    for i in range(len(logprobs)):
-        for t in range(logprobs.shape[1]):
-            if mask[i, t] == 0:
-                continue
-            ratio = torch.exp(logprobs[i, t].double() - old_logprobs[i, t].double()).detach()
-            a = (advantages[i, t] if advantages.dim() == 2 else advantages[i]).double()
-            terms.append(ratio.clamp(1 - eps_low, 1 + eps_high) * a * logprobs[i, t].double())
+    def weighted(ratio, advantage, logprob):
+        return ratio.detach().clamp(1 - eps_low, 1 + eps_high) * advantage * logprob
+
+    rows = reference_token_terms(logprobs, old_logprobs, advantages, mask, weighted)
+    terms = [term for row in rows for term in row]
     return -(sum(terms) / len(terms)) if terms else logprobs.sum() * 0.0, {}
 
 

@@ -164,3 +164,20 @@ def surrogate_stats(
     stats["seq_log_ratio_abs_mean"] = mean_over_valid(log_ratio.detach().abs(), valid)
     stats["num_empty"] = (~valid).sum().float()
     return {name: value.detach().float() for name, value in stats.items()}
+
+
+def reference_token_terms(logprobs, old_logprobs, advantages, mask, term) -> list[list[Tensor]]:
+    """For the loop-by-loop references: ``term(ratio, advantage, logprob)`` of every response token, one float64
+    value at a time, as ``[[term, ...], ...]`` per response (padding skipped). ``advantages`` is [N] or [N, T]."""
+    rows = []
+    for i in range(len(logprobs)):
+        terms = []
+        for t in range(logprobs.shape[1]):
+            if mask[i, t] == 0:
+                continue
+            ratio = torch.exp(logprobs[i, t].double() - old_logprobs[i, t].double())
+            advantage = (advantages[i, t] if advantages.dim() == 2 else advantages[i]).double()
+            terms.append(term(ratio, advantage, logprobs[i, t].double()))
+        rows.append(terms)
+    return rows
+

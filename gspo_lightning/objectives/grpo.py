@@ -11,6 +11,7 @@ from gspo_lightning.objectives.aggregation import aggregate_sequence_mean, maske
 from gspo_lightning.objectives.clipping import (
     clipped_surrogate,
     exp_with_linear_tail,
+    reference_token_terms,
     surrogate_stats,
     token_log_ratio,
     validate_clip_range,
@@ -82,17 +83,11 @@ def grpo_loss(
 
 def token_surrogate_reference(logprobs, old_logprobs, advantages, mask, eps_low, eps_high):
     """The per-token clipped surrogate of each response, token by token (float64): [[term, ...], ...]."""
-    rows = []
-    for i in range(len(logprobs)):
-        terms = []
-        for t in range(logprobs.shape[1]):
-            if mask[i, t] == 0:
-                continue
-            ratio = torch.exp(logprobs[i, t].double() - old_logprobs[i, t].double())
-            a = (advantages[i, t] if advantages.dim() == 2 else advantages[i]).double()
-            terms.append(torch.minimum(ratio * a, ratio.clamp(1 - eps_low, 1 + eps_high) * a))
-        rows.append(terms)
-    return rows
+
+    def surrogate(ratio, advantage, logprob):
+        return torch.minimum(ratio * advantage, ratio.clamp(1 - eps_low, 1 + eps_high) * advantage)
+
+    return reference_token_terms(logprobs, old_logprobs, advantages, mask, surrogate)
 
 
 def grpo_reference_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high):

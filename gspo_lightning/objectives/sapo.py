@@ -18,7 +18,13 @@ import torch
 from torch import Tensor
 
 from gspo_lightning.objectives.aggregation import aggregate_sequence_mean
-from gspo_lightning.objectives.clipping import exp_with_linear_tail, surrogate_stats, token_log_ratio, validate_shapes
+from gspo_lightning.objectives.clipping import (
+    exp_with_linear_tail,
+    reference_token_terms,
+    surrogate_stats,
+    token_log_ratio,
+    validate_shapes,
+)
 from gspo_lightning.objectives.gspo import sequence_log_ratio
 from gspo_lightning.objectives.gspo_token import per_token_advantages
 from gspo_lightning.objectives.registry import Objective, register
@@ -56,18 +62,12 @@ def sapo_loss(
 
 
 def sapo_reference_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, tau_pos=1.0, tau_neg=1.05):
-    responses = []
-    for i in range(len(logprobs)):
-        terms = []
-        for t in range(logprobs.shape[1]):
-            if mask[i, t] == 0:
-                continue
-            ratio = torch.exp(logprobs[i, t].double() - old_logprobs[i, t].double())
-            a = (advantages[i, t] if advantages.dim() == 2 else advantages[i]).double()
-            tau = torch.tensor(tau_pos if a > 0 else tau_neg, dtype=torch.float64)
-            terms.append(soft_gate(ratio, tau) * a)
-        if terms:
-            responses.append(sum(terms) / len(terms))
+    def gated(ratio, advantage, logprob):
+        tau = torch.tensor(tau_pos if advantage > 0 else tau_neg, dtype=torch.float64)
+        return soft_gate(ratio, tau) * advantage
+
+    rows = [terms for terms in reference_token_terms(logprobs, old_logprobs, advantages, mask, gated) if terms]
+    responses = [sum(terms) / len(terms) for terms in rows]
     return -(sum(responses) / len(responses)) if responses else logprobs.sum() * 0.0, {}
 
 
