@@ -170,6 +170,11 @@ def runs_of(curves: list[dict], name: str) -> list[list[dict]]:
     return [[row for row in curves if row["run"] == name and row["seed"] == seed] for seed in seeds]
 
 
+def steps_of(curves: list[dict], run: dict) -> list[dict]:
+    """The per-step rows of one finished run (``run`` holds its ``run`` name and ``seed``)."""
+    return next(rows for rows in runs_of(curves, run["run"]) if rows[0]["seed"] == run["seed"])
+
+
 def mean_of(rows: list[dict], key: str, where=lambda row: True) -> float:
     values = [row[key] for row in rows if where(row) and not math.isnan(row[key])]
     return sum(values) / len(values) if values else math.nan

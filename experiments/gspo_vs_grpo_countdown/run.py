@@ -34,7 +34,7 @@ KEYS = ("eval/accuracy", "rollout/reward_mean", "train/clip_frac", "rollout/resp
 def summary(curves: list[dict], finished: list[dict]) -> list[dict]:
     rows = []
     for run in finished:
-        steps = next(r for r in common.runs_of(curves, run["run"]) if r[0]["seed"] == run["seed"])
+        steps = common.steps_of(curves, run)
         rows.append(run | common.outcome(steps) | {
             "train_seconds": steps[-1]["train_seconds"],
             "clip_frac_mean": common.mean_of(steps, "train/clip_frac"),

@@ -49,7 +49,7 @@ COLORS = {"GRPO": "tab:red", "GRPO + Routing Replay": "tab:orange", "GSPO": "tab
 def summary(curves: list[dict], finished: list[dict]) -> list[dict]:
     rows = []
     for run in finished:
-        steps = next(r for r in common.runs_of(curves, run["run"]) if r[0]["seed"] == run["seed"])
+        steps = common.steps_of(curves, run)
         row = run | common.outcome(steps) | {
             "expert_change_after_1_update": common.mean_of(steps, "moe/expert_change_mb1"),
             "expert_change_after_3_updates": common.mean_of(steps, "moe/expert_change_mb3"),

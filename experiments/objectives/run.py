@@ -35,7 +35,7 @@ COLORS = dict(zip(VARIANTS, ["tab:blue", "tab:cyan", "tab:red", "tab:orange", "t
 def summary(curves: list[dict], finished: list[dict]) -> list[dict]:
     rows = []
     for run in finished:
-        steps = next(r for r in common.runs_of(curves, run["run"]) if r[0]["seed"] == run["seed"])
+        steps = common.steps_of(curves, run)
         rows.append(run | common.outcome(steps) | {
             "train_seconds": steps[-1]["train_seconds"],
             "clip_frac_mean": common.mean_of(steps, "train/clip_frac"),

@@ -46,7 +46,7 @@ def first_minibatch(row: dict) -> bool:
 def summary(curves: list[dict], finished: list[dict]) -> list[dict]:
     rows = []
     for run in finished:
-        steps = next(r for r in common.runs_of(curves, run["run"]) if r[0]["seed"] == run["seed"])
+        steps = common.steps_of(curves, run)
         rows.append(run | common.outcome(steps) | {
             "clip_frac_mean": common.mean_of(steps, "train/clip_frac"),
             "mb0_clip_frac": common.mean_of(steps, "train/clip_frac", first_minibatch),
