@@ -23,6 +23,16 @@ QUICKSTART = ROOT / "configs/quickstart.yaml"
 STEP_TIMES = ("time/generate_s", "time/reward_s", "time/old_logprob_s", "time/train_s")
 
 
+def load_script(path: Path):
+    """Another experiment's script as a module (for its settings), without running its ``main``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"experiment_{path.parent.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def seed_overrides(seed: int) -> list[str]:
     """The seed applied to the RL run, the warm start and the prompt stream (as the quick-start experiment)."""
     return [
@@ -120,12 +130,16 @@ def run_variants(
     common_flags: Sequence[str] = (),
     config: Path = QUICKSTART,
     progress: Path | None = None,
+    seed_flags=seed_overrides,
+    cache: Path | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """Every variant (name -> CLI flags) for every seed, warm start shared per seed.
 
     Returns per-step rows (run, seed, step, train_seconds and each of ``keys``, NaN where not logged) and one
     row per run (run, seed, wall-clock seconds). With ``progress`` (a JSONL file), each finished run is appended
-    there and a rerun of an interrupted experiment skips the runs it already holds.
+    there and a rerun of an interrupted experiment skips the runs it already holds. ``seed_flags(seed)`` gives
+    the seed's CLI flags (``seed_overrides``: the RL run's, the warm start's and the prompt stream's). Warm
+    starts are trained into a fresh cache unless ``cache`` names one to reuse (they are keyed by every setting).
     """
     import tempfile
 
@@ -137,8 +151,8 @@ def run_variants(
             for index, (name, flags) in enumerate(variants.items()):
                 if (name, seed) in done:
                     continue
-                overrides = [*seed_overrides(seed), *common_flags, *flags]
-                result = run_fit(Path(scratch) / f"seed{seed}-{index}", overrides, Path(scratch) / "cache", config)
+                overrides = [*seed_flags(seed), *common_flags, *flags]
+                result = run_fit(Path(scratch) / f"seed{seed}-{index}", overrides, cache or Path(scratch) / "cache", config)
                 clock = training_clock(result["steps"])
                 rows = []
                 for step, values in sorted(result["steps"].items()):
@@ -240,6 +254,7 @@ def parse_arguments(description: str, seeds: Sequence[int], max_steps: int):
     parser.add_argument(
         "--replot", action="store_true", help="recompute results.csv and the plot from the committed curves.csv"
     )
+    parser.add_argument("--cache", type=Path, help="reuse the warm starts in this cache (default: train them afresh)")
     return parser.parse_args()
 
 
@@ -265,6 +280,8 @@ def run_and_report(
     columns: dict,
     replot: bool = False,
     config: Path = QUICKSTART,
+    seed_flags=seed_overrides,
+    cache: Path | None = None,
 ) -> None:
     """Run every variant for every seed (or, with ``replot``, reuse the committed ``curves.csv``), then write
     ``curves.csv``, ``results.csv`` and the plot, and print a table."""
@@ -273,7 +290,7 @@ def run_and_report(
         finished = [{k: row[k] for k in ("run", "seed", "seconds")} for row in _read_rows(here / "results.csv")]
     else:
         progress = here / "progress.jsonl"
-        curves, finished = run_variants(variants, seeds, keys, flags, config, progress)
+        curves, finished = run_variants(variants, seeds, keys, flags, config, progress, seed_flags, cache)
     rows = summarise(curves, finished)
     write_csv(here / "curves.csv", curves)
     write_csv(here / "results.csv", rows)

@@ -26,28 +26,40 @@ import common  # noqa: E402
 
 HERE = Path(__file__).parent
 LAYERS = 4
-MOE_POLICY = {
-    "class_path": "gspo_lightning.models.TinyQwen3Moe",
-    "init_args": {
-        "hidden_size": 128, "num_layers": LAYERS, "num_heads": 4, "num_kv_heads": 2, "num_experts": 8,
-        "num_experts_per_tok": 2, "moe_intermediate_size": 128,
-    },
-}  # fmt: skip
+
+
+def moe_policy(layers: int = LAYERS, width: int = 128, heads: int = 4) -> dict:
+    """The warm start's base: a ``TinyQwen3Moe`` with 8 experts per layer, top-2 routing."""
+    return {
+        "class_path": "gspo_lightning.models.TinyQwen3Moe",
+        "init_args": {
+            "hidden_size": width, "num_layers": layers, "num_heads": heads, "num_kv_heads": heads // 2,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": width,
+        },
+    }  # fmt: skip
+
+
 VARIANTS = {
     "GRPO": ["--model.init_args.objective=grpo"],
     "GRPO + Routing Replay": ["--model.init_args.objective=grpo", "--model.init_args.routing_replay=true"],
     "GSPO": ["--model.init_args.objective=gspo"],
 }
-KEYS = (
-    "eval/accuracy", "rollout/reward_mean", "train/clip_frac", "diag/abs_log_seq_ratio_p95", "train/ratio_max",
-    "moe/expert_change_frac", *(f"moe/expert_change_mb{k}" for k in range(4)),
-    *(f"moe/expert_change_frac_layer{layer}" for layer in range(LAYERS)),
-)  # fmt: skip
+
+
+def keys(layers: int = LAYERS) -> tuple[str, ...]:
+    return (
+        "eval/accuracy", "rollout/reward_mean", "train/clip_frac", "diag/abs_log_seq_ratio_p95", "train/ratio_max",
+        "moe/expert_change_frac", *(f"moe/expert_change_mb{k}" for k in range(4)),
+        *(f"moe/expert_change_frac_layer{layer}" for layer in range(layers)),
+    )  # fmt: skip
+
+
 COLORS = {"GRPO": "tab:red", "GRPO + Routing Replay": "tab:orange", "GSPO": "tab:blue"}
 
 
 def summary(curves: list[dict], finished: list[dict]) -> list[dict]:
     rows = []
+    layers = sum(key.startswith("moe/expert_change_frac_layer") for key in curves[0])
     for run in finished:
         steps = common.steps_of(curves, run)
         row = run | common.outcome(steps) | {
@@ -57,13 +69,13 @@ def summary(curves: list[dict], finished: list[dict]) -> list[dict]:
             "abs_log_seq_ratio_p95_mean": common.mean_of(steps, "diag/abs_log_seq_ratio_p95"),
             "ratio_max_max": max(r["train/ratio_max"] for r in steps if not math.isnan(r["train/ratio_max"])),
         }  # fmt: skip
-        for layer in range(LAYERS):
+        for layer in range(layers):
             row[f"expert_change_layer{layer}"] = common.mean_of(steps, f"moe/expert_change_frac_layer{layer}")
         rows.append(row)
     return rows
 
 
-def plot(curves: list[dict], path: Path) -> None:
+def plot(curves: list[dict], path: Path, shape: str = "4 layers") -> None:
     figure, axes = common.grid_figure()
     for name, color in COLORS.items():
         runs = common.runs_of(curves, name)
@@ -77,13 +89,13 @@ def plot(curves: list[dict], path: Path) -> None:
         ("optimizer step", "p95 of |log sequence ratio| (moving avg. 50)"),
     ])  # fmt: skip
     seeds = len({r["seed"] for r in curves})
-    common.save_figure(figure, f"Tiny Qwen3-MoE (4 layers, 8 experts, top-2): mean, band = min-max over {seeds} seeds", path)
+    common.save_figure(figure, f"Tiny Qwen3-MoE ({shape}, 8 experts, top-2): mean, band = min-max over {seeds} seeds", path)
 
 
 def main() -> int:
     args = common.parse_arguments(__doc__, [0, 1], 1000)
     flags = [
-        "--model.init_args.policy.init_args.base=" + json.dumps(MOE_POLICY),
+        "--model.init_args.policy.init_args.base=" + json.dumps(moe_policy()),
         "--evaluation.every_n_steps=100",
         f"--trainer.max_steps={args.max_steps}",
     ]
@@ -93,7 +105,7 @@ def main() -> int:
         "experts changed after 1 / 3 updates": "{expert_change_after_1_update:.1%} / {expert_change_after_3_updates:.1%}",
         "clip frac": "{clip_frac_mean:.2e}",
     }  # fmt: skip
-    common.run_and_report(HERE, VARIANTS, args.seeds, KEYS, flags, summary, plot, "moe_routing.png", columns, args.replot)
+    common.run_and_report(HERE, VARIANTS, args.seeds, keys(), flags, summary, plot, "moe_routing.png", columns, args.replot)
     return 0
 
 

@@ -4,6 +4,7 @@ from gspo_lightning.data.countdown import CountdownTask
 from gspo_lightning.data.datamodule import PromptDataModule
 from gspo_lightning.data.formatting import PromptFormatter
 from gspo_lightning.data.sample_data import SampleDataset
+from gspo_lightning.data.scratchpad import ScratchpadAdditionTask
 from gspo_lightning.data.sources import ArithmeticTask, LoadDataset, PromptSource
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "PromptFormatter",
     "PromptSource",
     "SampleDataset",
+    "ScratchpadAdditionTask",
 ]

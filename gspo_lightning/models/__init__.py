@@ -7,6 +7,7 @@ from gspo_lightning.models.countdown_warm_start import CountdownWarmStartedTinyQ
 from gspo_lightning.models.loaders import PolicyLoader, Pretrained, TinyQwen3, prepare_tokenizer
 from gspo_lightning.models.lora import LoRA
 from gspo_lightning.models.moe import TinyQwen3Moe
+from gspo_lightning.models.scratchpad_warm_start import ScratchpadWarmStartedTinyQwen3
 from gspo_lightning.models.warm_start import WARM_START_VERSION, SupervisedWarmStart, WarmStartedTinyQwen3
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "WARM_START_VERSION",
     "LoRA",
     "PolicyLoader",
+    "ScratchpadWarmStartedTinyQwen3",
     "Pretrained",
     "TinyQwen3",
     "TinyQwen3Moe",

@@ -1,6 +1,6 @@
 """Reward functions: plain callables ``(prompts, completions, **columns) -> list[float]``."""
 
-from gspo_lightning.rewards.answers import ExactAnswer
+from gspo_lightning.rewards.answers import ExactAnswer, FinalAnswer
 from gspo_lightning.rewards.code import CodeTests
 from gspo_lightning.rewards.countdown import CountdownAnswer
 from gspo_lightning.rewards.isolation import RewardRunner
@@ -12,6 +12,7 @@ __all__ = [
     "CodeTests",
     "CountdownAnswer",
     "ExactAnswer",
+    "FinalAnswer",
     "FormatReward",
     "LengthPenalty",
     "MathAnswer",

@@ -27,3 +27,31 @@ class ExactAnswer:
             )
         answers = columns[self.answer_column]
         return [float(c.strip() == str(a).strip()) for c, a in zip(completions, answers, strict=True)]
+
+
+class FinalAnswer(ExactAnswer):
+    """1.0 when the text after the completion's last ``marker`` equals the reference answer, else 0.0.
+
+    For tasks whose response works towards an answer (``ScratchpadAdditionTask``'s ``...;+,0,878=878``): only
+    the final answer is checked, not the working. A completion without the marker scores 0.0.
+
+    Args:
+        answer_column: the data set column holding the reference answer.
+        marker: what precedes the final answer.
+    """
+
+    def __init__(self, answer_column: str = "answer", marker: str = "=") -> None:
+        if not marker:
+            raise ValueError("FinalAnswer's marker must be a non-empty string, got ''")
+        super().__init__(answer_column)
+        self.marker = marker
+
+    def final_answer(self, completion: str) -> str | None:
+        """The text after the last marker, stripped; None where there is no marker."""
+        _, found, answer = completion.rpartition(self.marker)
+        return answer.strip() if found else None
+
+    def __call__(self, prompts: list[Any], completions: list[str], **columns: list[Any]) -> list[float]:
+        finals = [self.final_answer(c) or "" for c in completions]
+        scores = super().__call__(prompts, finals, **columns)
+        return [score if self.marker in c else 0.0 for score, c in zip(scores, completions, strict=True)]
