@@ -235,6 +235,17 @@ def outcome(steps: list[dict]) -> dict:
     }  # fmt: skip
 
 
+def summarise(curves: list[dict], finished: list[dict], means: dict) -> list[dict]:
+    """One row per finished run: its ``outcome``, its training seconds, and per column of ``means`` the mean of a
+    metric over the run's steps (``column: metric``, or ``column: (metric, which_rows)``)."""
+    rows = []
+    for run in finished:
+        steps = steps_of(curves, run)
+        averages = {name: mean_of(steps, *((spec,) if isinstance(spec, str) else spec)) for name, spec in means.items()}
+        rows.append(run | outcome(steps) | {"train_seconds": steps[-1]["train_seconds"]} | averages)
+    return rows
+
+
 def print_table(rows: list[dict], columns: dict[str, str]) -> None:
     """A Markdown table: header -> format string over a row (e.g. ``"{accuracy_end:.1%}"``)."""
     print(f"\nmachine: {machine()}")

@@ -33,16 +33,10 @@ COLORS = dict(zip(VARIANTS, ["tab:blue", "tab:cyan", "tab:red", "tab:orange", "t
 
 
 def summary(curves: list[dict], finished: list[dict]) -> list[dict]:
-    rows = []
-    for run in finished:
-        steps = common.steps_of(curves, run)
-        rows.append(run | common.outcome(steps) | {
-            "train_seconds": steps[-1]["train_seconds"],
-            "clip_frac_mean": common.mean_of(steps, "train/clip_frac"),
-            "zero_variance_frac": common.mean_of(steps, "rollout/zero_variance_frac"),
-            "extra_draws_mean": common.mean_of(steps, "rollout/extra_draws"),
-        })  # fmt: skip
-    return rows
+    return common.summarise(curves, finished, {
+        "clip_frac_mean": "train/clip_frac", "zero_variance_frac": "rollout/zero_variance_frac",
+        "extra_draws_mean": "rollout/extra_draws",
+    })  # fmt: skip
 
 
 def plot(curves: list[dict], path: Path) -> None:

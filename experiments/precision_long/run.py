@@ -30,6 +30,7 @@ import common  # noqa: E402
 
 HERE = Path(__file__).parent
 long_responses = common.load_script(HERE.parent / "long_responses/run.py")  # its task settings and objectives
+first_minibatch = common.load_script(HERE.parent / "precision/run.py").first_minibatch  # K = 4 here too
 DIGITS = 5
 BF16_ENGINE = {"class_path": "gspo_lightning.engines.HFEngine", "init_args": {"sampling_dtype": "bfloat16"}}
 SAMPLERS = {
@@ -58,26 +59,15 @@ KEYS = (
 COLORS = dict(zip(NAMES, ["tab:blue", "tab:cyan", "tab:green", "tab:red", "tab:orange", "tab:brown"]))
 
 
-def first_minibatch(row: dict) -> bool:
-    """Steps that train on a round's first minibatch (K = 4): no update since sampling."""
-    return row["step"] % 4 == 0
-
-
 def summary(curves: list[dict], finished: list[dict]) -> list[dict]:
-    rows = []
-    for run in finished:
-        steps = common.steps_of(curves, run)
-        rows.append(run | common.outcome(steps) | {
-            "clip_frac_mean": common.mean_of(steps, "train/clip_frac"),
-            "mb0_clip_frac": common.mean_of(steps, "train/clip_frac", first_minibatch),
-            "mb0_seq_ratio_p05": common.mean_of(steps, "diag/seq_ratio_p05", first_minibatch),
-            "mb0_seq_ratio_p95": common.mean_of(steps, "diag/seq_ratio_p95", first_minibatch),
-            "sampler_kl": common.mean_of(steps, "mismatch/kl"),
-            "sampler_log_ratio_p05": common.mean_of(steps, "mismatch/log_ratio_p05"),
-            "sampler_log_ratio_p95": common.mean_of(steps, "mismatch/log_ratio_p95"),
-            "tis_truncated_frac": common.mean_of(steps, "mismatch/truncated_frac"),
-        })  # fmt: skip
-    return rows
+    return common.summarise(curves, finished, {
+        "clip_frac_mean": "train/clip_frac",
+        "mb0_clip_frac": ("train/clip_frac", first_minibatch),
+        "mb0_seq_ratio_p05": ("diag/seq_ratio_p05", first_minibatch),
+        "mb0_seq_ratio_p95": ("diag/seq_ratio_p95", first_minibatch),
+        "sampler_kl": "mismatch/kl", "sampler_log_ratio_p05": "mismatch/log_ratio_p05",
+        "sampler_log_ratio_p95": "mismatch/log_ratio_p95", "tis_truncated_frac": "mismatch/truncated_frac",
+    })  # fmt: skip
 
 
 def plot(curves: list[dict], path: Path) -> None:

@@ -9,8 +9,8 @@ the answer. For ``482+396=``::
     48+39,0,8;4+3,1,78;+,0,878=878
 
 Rewriting the remaining operands keeps every step local (the next digits to add sit just before ``+`` and
-``,``), so a tiny model can learn it; the price is length, which is what this task is for. Responses are
-about 44, 83, 134 and 197 tokens at 4, 6, 8 and 10 digits. Only the text after the last ``=`` is scored
+``,``), so a tiny model can learn it; the price is length, which is what this task is for. Correct responses
+have 66, 141 and 243 tokens at 5, 8 and 11 digits. Only the text after the last ``=`` is scored
 (``FinalAnswer``), as a reasoning task's final answer is.
 
 Problems share the quick start's train / held-out split (a hash of the question), so held-out questions are
@@ -65,7 +65,7 @@ class ScratchpadAdditionTask(GeneratedTask):
         """
         Args:
             num_digits: Digits of each operand; a correct response has ``scratchpad_length(num_digits)``
-                tokens (83 at 6 digits).
+                tokens (66 at 5 digits, 141 at 8).
             train_size: Number of training problems.
             eval_size: Number of held-out problems; drawn from a fixed 1/32 of all questions that training
                 never sees, whatever the seed.
