@@ -48,9 +48,7 @@ def scratchpad_length(num_digits: int) -> int:
     return len(addition_scratchpad(widest, widest))
 
 
-def scratchpad_problems(
-    count: int, num_digits: int, seed: int = 0, heldout: bool = False
-) -> Iterator[dict[str, str]]:
+def scratchpad_problems(count: int, num_digits: int, seed: int = 0, heldout: bool = False) -> Iterator[dict[str, str]]:
     """Yield ``count`` problems ``{"question": "482+396", "answer": "878", "scratchpad": "48+39,0,8;..."}``."""
     for problem in arithmetic_problems(count, num_digits, "+", seed=seed, heldout=heldout):
         a, b = problem["question"].split("+")
@@ -72,7 +70,9 @@ class ScratchpadAdditionTask(GeneratedTask):
             seed: Seed of the problem generator.
         """
         if num_digits < 3:
-            raise ValueError(f"num_digits must be >= 3 (a response of a few tokens is the quick start), got {num_digits}")
+            raise ValueError(
+                f"num_digits must be >= 3 (a response of a few tokens is the quick start), got {num_digits}"
+            )
         super().__init__(train_size, eval_size, seed)
         self.num_digits = num_digits
 
