@@ -255,11 +255,14 @@ def print_table(rows: list[dict], columns: dict[str, str]) -> None:
         print("| " + " | ".join(template.format(**row) for template in columns.values()) + " |")
 
 
-def parse_arguments(description: str, seeds: Sequence[int], max_steps: int):
-    """``--seeds`` and ``--max-steps``, with the script's docstring as help."""
+def parse_arguments(description: str, seeds: Sequence[int], max_steps: int, add_arguments=None):
+    """``--seeds``, ``--max-steps``, ``--replot`` and ``--cache``, with the script's docstring as help;
+    ``add_arguments(parser)`` adds a script's own."""
     import argparse
 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if add_arguments is not None:
+        add_arguments(parser)
     parser.add_argument("--seeds", type=int, nargs="+", default=list(seeds))
     parser.add_argument("--max-steps", type=int, default=max_steps)
     parser.add_argument(
