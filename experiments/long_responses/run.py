@@ -30,8 +30,9 @@ HERE = Path(__file__).parent
 CONFIG = common.ROOT / "configs/scratchpad.yaml"
 DIGITS = (5, 8)  # operand digits
 # The warm start's greedy target. At 141 tokens a warm start stopped at 0.3 (greedy 42% held out) sampled a right
-# answer 1.5% of the time at temperature 1: groups of 8 were almost all wrong, and 200 GSPO steps moved nothing.
-# Trained to 0.7, both lengths start with temperature-1 samples right about half the time.
+# answer 1.5% of the time at temperature 1: groups of 8 were almost all wrong, and 200 GSPO steps took greedy
+# accuracy from 42% to 43%. Trained to 0.7, held-out temperature-1 samples start right 32% (5 digits) and 67%
+# (8 digits) of the time.
 TARGET_ACCURACY = 0.7
 # Held-out accuracy is pass@1 at temperature 1 over 2 samples per problem: greedy decoding of these warm starts
 # is right 80-98% of the time from the start, and what RL improves is the sampling distribution.
