@@ -46,7 +46,7 @@ COLORS = {"GSPO": "tab:blue", "GRPO": "tab:red"}
 
 
 def length_flags(digits: int, steps: int) -> list[str]:
-    """The task, the warm start and the response budget at ``digits`` digits (room for a final carry and eos),
+    """The task, the warm start and the response budget at ``digits`` digits (the longest response, eos, one spare),
     ``steps`` optimizer steps and 8 evaluations."""
     return [
         f"--model.init_args.policy.init_args.num_digits={digits}",

@@ -42,8 +42,8 @@ def addition_scratchpad(a: str, b: str) -> str:
 
 
 def scratchpad_length(num_digits: int) -> int:
-    """Characters (tokens, with the character tokenizer) of a correct response at ``num_digits`` digits, at
-    most (a final carry adds one), not counting the eos token."""
+    """Characters (tokens, with the character tokenizer) of the longest correct response at ``num_digits``
+    digits (``9...9+9...9``, whose final carry makes the answer one digit longer), not counting the eos token."""
     widest = "9" * num_digits
     return len(addition_scratchpad(widest, widest))
 

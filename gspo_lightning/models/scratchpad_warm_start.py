@@ -29,7 +29,7 @@ class ScratchpadWarmStartedTinyQwen3(SupervisedWarmStart):
                 for the prompt and the longest response.
         """
         if base is None:
-            room = 2 * num_digits + 2 + scratchpad_length(num_digits) + 2  # prompt, response, final carry, eos
+            room = 2 * num_digits + 2 + scratchpad_length(num_digits) + 2  # prompt, longest response, eos, one spare
             base = TinyQwen3(alphabet=SCRATCHPAD_ALPHABET, max_position_embeddings=room)
         super().__init__(base=base, **kwargs)
         next(scratchpad_problems(1, num_digits))  # validates num_digits
