@@ -52,6 +52,6 @@ class FinalAnswer(ExactAnswer):
         return answer.strip() if found else None
 
     def __call__(self, prompts: list[Any], completions: list[str], **columns: list[Any]) -> list[float]:
-        finals = [self.final_answer(c) or "" for c in completions]
-        scores = super().__call__(prompts, finals, **columns)
-        return [score if self.marker in c else 0.0 for score, c in zip(scores, completions, strict=True)]
+        finals = [self.final_answer(c) for c in completions]
+        scores = super().__call__(prompts, [final or "" for final in finals], **columns)
+        return [0.0 if final is None else score for score, final in zip(scores, finals, strict=True)]
