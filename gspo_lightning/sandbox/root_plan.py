@@ -11,7 +11,6 @@ Not bound: the trainer's virtual environment, the project, the data, ``/etc``, `
 
 from __future__ import annotations
 
-import atexit
 import functools
 import json
 import os
@@ -20,7 +19,6 @@ import struct
 import subprocess
 import sys
 import sysconfig
-import tempfile
 
 from gspo_lightning.sandbox.spec import RootPlan
 
@@ -51,7 +49,9 @@ def base_interpreter() -> str:
 
 @functools.lru_cache(maxsize=1)
 def minimal_root_plan() -> RootPlan:
-    """The plan for this machine and interpreter (probed once per process)."""
+    """The plan for this machine and interpreter (probed once per process), without a mount point: each run
+    gets a folder of its own, made and removed with the run (``hostdir.make_run_folder``), so nothing of this
+    cached plan lives on the host."""
     interpreter = base_interpreter()
     completed = subprocess.run(
         [interpreter, "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=120, check=False
@@ -66,7 +66,7 @@ def minimal_root_plan() -> RootPlan:
     symlinks = _symlinks_to(binds, elf_interpreter(interpreter))
     masks = _package_folders(binds, probe["site"])
     return RootPlan(
-        mount_point=_mount_point(), binds=tuple(sorted(binds)), symlinks=tuple(symlinks), masks=tuple(sorted(masks))
+        mount_point="", binds=tuple(sorted(binds)), symlinks=tuple(symlinks), masks=tuple(sorted(masks))
     )
 
 
@@ -170,16 +170,3 @@ def unreachable_by_others() -> str | None:
             return f"{path} is not readable by other users"
     return None
 
-
-def _mount_point() -> str:
-    """An empty folder, private to the trainer, that each run's root tmpfs covers in its own namespace."""
-    folder = tempfile.mkdtemp(prefix="gspo-sandbox-root-")
-    atexit.register(_remove_empty, folder)
-    return folder
-
-
-def _remove_empty(folder: str) -> None:
-    try:
-        os.rmdir(folder)
-    except OSError:
-        pass

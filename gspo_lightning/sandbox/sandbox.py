@@ -10,6 +10,7 @@ What each containment step is and what happens without it: ``containment.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -30,14 +31,14 @@ from gspo_lightning.sandbox.cgroups import (
     find_hierarchies,
 )
 from gspo_lightning.sandbox.containment import ISOLATIONS, Containment, Isolation, RunMode, decide
-from gspo_lightning.sandbox.hostdir import make_private_folder, remove_tree
+from gspo_lightning.sandbox.hostdir import RunFolder, make_run_folder
 from gspo_lightning.sandbox.root_plan import base_interpreter, minimal_root_plan, unreachable_by_others
 from gspo_lightning.sandbox.spec import WORKDIR, LaunchSpec, Outcome, SandboxLimits
 from gspo_lightning.sandbox.uids import UidLease, lease_uid
 
 _LAUNCHER = str(Path(__file__).with_name("launcher"))
 _LAUNCHER_GRACE_S = 10.0  # beyond wall_time_s: the launcher's start, the root's set-up, the namespace's teardown
-_CLEANUP_S = 10.0  # at most this long removing a non-isolated run's folder; what is left is reported
+_CLEANUP_S = 10.0  # at most this long removing a run's host folder; what is left is reported (and swept later)
 _slot_names = itertools.count()
 
 
@@ -158,17 +159,20 @@ class Sandbox:
             if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
                 raise ValueError(f"sandbox file name {name!r} leaves the working directory")
         slot = self._take_slot(mode)
-        private = None if mode.isolate else make_private_folder(slot.uid.uid if slot.uid else None)
+        folder: RunFolder | None = None
         try:
-            return self._launch(self._spec(files, entry, mode, slot, private), stdin, slot)
+            # one host folder per run, gone with it: isolated, the mount point of its tmpfs; else its files
+            program_uid = slot.uid.uid if slot.uid else None
+            folder = make_run_folder("root") if mode.isolate else make_run_folder("run", program_uid)
+            return self._launch(self._spec(files, entry, mode, slot, folder.path), stdin, slot)
         finally:
             emptied = self._empty(slot)  # before its files are touched
-            if private is not None and not remove_tree(private, time.monotonic() + _CLEANUP_S):
-                raise RuntimeError(f"sandbox folder {private} could not be removed within {_CLEANUP_S} s")
+            if folder is not None and not folder.remove(time.monotonic() + _CLEANUP_S):
+                raise RuntimeError(f"sandbox folder {folder.path} could not be removed within {_CLEANUP_S} s")
             self._give_back(slot, emptied)
 
-    def _spec(self, files: dict, entry: str, mode: RunMode, slot: _Slot, private: Path | None) -> LaunchSpec:
-        workdir = WORKDIR if mode.isolate else str(private / "work")
+    def _spec(self, files: dict, entry: str, mode: RunMode, slot: _Slot, folder: Path) -> LaunchSpec:
+        workdir = WORKDIR if mode.isolate else str(folder / "work")
         python = sys.executable if self.isolation == "off" else base_interpreter()  # off: trusted, its packages
         env = {
             "PATH": "/usr/bin:/bin",
@@ -189,7 +193,7 @@ class Sandbox:
             run_as=(slot.uid.uid, slot.uid.uid) if slot.uid else None,
             limits=self.limits,
             cgroup_procs=slot.cgroup.procs_files if slot.cgroup else (),
-            root=minimal_root_plan() if mode.isolate else None,
+            root=dataclasses.replace(minimal_root_plan(), mount_point=str(folder)) if mode.isolate else None,
         )
 
     def _launch(self, spec: LaunchSpec, stdin: str, slot: _Slot) -> SandboxResult:

@@ -68,7 +68,8 @@ class RootPlan:
     """The minimal root an isolated program sees: what of the host is bound into it, read-only, and where.
 
     Attributes:
-        mount_point: an empty host folder the run's own tmpfs is mounted on (in its private mount namespace).
+        mount_point: the run's own empty host folder its tmpfs is mounted on (in its private mount namespace);
+            empty in the cached plan, set per run.
         binds: host files and folders bound read-only at the same path (the interpreter, its standard library,
             the folders of the shared libraries it loads).
         symlinks: ``(path, link text)`` pairs recreated so that paths the loader uses resolve (``/lib`` ...).

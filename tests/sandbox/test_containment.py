@@ -16,7 +16,7 @@ import pytest
 from gspo_lightning.sandbox import Sandbox, SandboxLimits, SandboxUnavailableError
 from gspo_lightning.sandbox import sandbox as sandbox_module
 from gspo_lightning.sandbox.containment import Containment, decide
-from gspo_lightning.sandbox.hostdir import make_private_folder, remove_tree
+from gspo_lightning.sandbox.hostdir import make_run_folder
 from gspo_lightning.sandbox.spec import LaunchSpec
 from gspo_lightning.sandbox.uids import lease_uid
 from tests.sandbox.conftest import needs_isolation, needs_root, processes_of, run_launcher
@@ -122,9 +122,9 @@ def test_without_namespaces_the_launcher_kills_every_process_of_the_runs_uid():
     """Outside a PID namespace a process can leave the program's group and session; it cannot leave its uid.
     (The interpreter may be out of reach of other users here, so the program is a shell.)"""
     lease = lease_uid()
-    private = make_private_folder(lease.uid)
+    private = make_run_folder("run", lease.uid)
     spec = LaunchSpec(
-        isolate=False, seccomp=True, workdir=str(private / "work"), files={"note": ""},
+        isolate=False, seccomp=True, workdir=str(private.path / "work"), files={"note": ""},
         argv=["/bin/sh", "-c", "setsid sleep 60 & setsid sleep 60 & exec sleep 60"], env={"PATH": "/usr/bin:/bin"},
         run_as=(lease.uid, lease.uid), limits=SandboxLimits(wall_time_s=1.0),
     )  # fmt: skip
@@ -133,5 +133,5 @@ def test_without_namespaces_the_launcher_kills_every_process_of_the_runs_uid():
         assert completed.returncode == 0 and outcome.error is None and outcome.timed_out, completed.stderr
         assert processes_of({lease.uid}) == []
     finally:
-        remove_tree(private, time.monotonic() + 10)
+        private.remove(time.monotonic() + 10)
         lease.release()

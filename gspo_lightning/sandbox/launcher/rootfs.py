@@ -51,8 +51,8 @@ _KEPT_FLAGS = (
 def enter_minimal_root(spec: SimpleNamespace) -> None:
     """Build the run's root from ``spec.root`` (a ``LaunchSpec`` as sent) and make it ``/``; cwd: the workdir."""
     plan = spec.root
-    if plan is None:
-        raise SetupError("isolated run without a root plan")
+    if plan is None or not plan.mount_point:
+        raise SetupError("isolated run without a root plan or a mount point")
     unshare(CLONE_NEWNS, "unshare(mount namespace)")
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount propagates back to the host
     new_root = plan.mount_point
