@@ -50,8 +50,9 @@ class SamplingSettings:
             # from the model's generation config, and these would otherwise come from the checkpoint's.
             num_beams=1,
             num_return_sequences=1,
+            # min_new_tokens stays None: set beside min_length, transformers warns on every call (and the
+            # checkpoint's value cannot reach generate, which samples under neutral_generation_defaults)
             min_length=0,
-            min_new_tokens=0,
             repetition_penalty=1.0,
             encoder_repetition_penalty=1.0,
             no_repeat_ngram_size=0,

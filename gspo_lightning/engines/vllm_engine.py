@@ -134,6 +134,8 @@ class VLLMEngine(SamplingEngine):
             os.environ.setdefault("RANK", str(trainer.global_rank))
             os.environ.setdefault("LOCAL_RANK", str(getattr(trainer, "local_rank", trainer.global_rank)))
             os.environ.setdefault("WORLD_SIZE", str(world))
+        if pl_module.device.type == "cpu":
+            check_cpu_head_size(pl_module.policy)
         precision = str(getattr(trainer, "precision", "32-true"))
         self.llm = self._build(pl_module.policy, pl_module.tokenizer, pl_module.device, precision)
         self.sync_weights(trainer, pl_module)
@@ -151,7 +153,16 @@ class VLLMEngine(SamplingEngine):
             self._sleeping = True
 
     def teardown(self) -> None:
-        self.llm = None
+        """Shut the engine down now, not at interpreter exit: vLLM's in-process engine tears down the
+        torch.distributed groups it uses when it shuts down, and at exit the process group is already closed
+        (``ValueError: Invalid process group specified``, printed after, and instead of, a run's real error).
+        Never raises: Lightning calls this while handling a run's error too, which must stay the error shown."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception as error:  # noqa: BLE001 - best effort; the first error is the one to report
+                warnings.warn(f"the vLLM engine did not shut down cleanly: {error}", stacklevel=1)
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
@@ -161,6 +172,11 @@ class VLLMEngine(SamplingEngine):
         """The trainer's current weights into the engine, one decoder layer at a time (every rank joins)."""
         groups = policy_weight_groups(pl_module.policy, self._fsdp1_root)
         self.llm.collective_rpc(_load_weight_groups, args=(groups,))
+        # KV blocks cached under the old weights would otherwise be reused for every prompt that shares a prefix
+        # with an earlier one (a chat template's header, a system prompt): samples and log-probs from stale
+        # weights. Sleep mode on GPUs clears the cache too (level >= 1), but a sync may come without a sleep.
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("the vLLM engine could not reset its prefix cache after a weight sync")
         self.synced_step = getattr(trainer, "global_step", None)
 
     # ----- sampling -----
@@ -237,6 +253,8 @@ class VLLMEngine(SamplingEngine):
         )
         if device.type == "cuda":
             options["gpu_memory_utilization"] = self.gpu_memory_utilization
+        else:
+            options.update(_cpu_scheduling(self.max_model_len or getattr(base.config, "max_position_embeddings", 0)))
         if self._world_size > 1:
             # Every training rank runs its engine (or its share of one, tensor_parallel_size > 1) in its own
             # process, inside the torch.distributed world Lightning already set up.
@@ -298,3 +316,35 @@ def _fsdp1_root(trainer: Any) -> nn.Module | None:
 
     model = getattr(getattr(trainer, "strategy", None), "model", None)
     return model if isinstance(model, FSDP) else None
+
+
+CPU_BATCHED_TOKENS = 4096
+"""Prompt tokens one scheduler step of the CPU engine prefills at most (vLLM's own CPU default), or the context
+length when that is longer."""
+
+
+def _cpu_scheduling(context: int) -> dict[str, Any]:
+    """Scheduling options for vLLM on CPUs: no chunked prefill. A prompt prefilled in chunks has the token sampled
+    after a partial chunk discarded, and vLLM then rewinds that request's seeded generator, which a CPU
+    ``torch.Generator`` cannot do ("CPU Generator does not use offset"); every request is seeded here. Without
+    chunking a step takes whole prompts only, so it must hold the longest one."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(CPU_BATCHED_TOKENS, context)}
+
+
+def check_cpu_head_size(policy: nn.Module) -> None:
+    """Refuse, before the engine is built, a policy whose attention head size vLLM's CPU attention has no kernel
+    for (it would fail only at the first sample)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:  # another vLLM layout: its own error at the first sample stays the check
+        return
+    base = policy.get_base_model() if callable(getattr(policy, "get_base_model", None)) else policy
+    config = base.config
+    head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    require(
+        head_size in supported,
+        f"sampler.engine: vllm on CPU has no attention kernel for the policy's head size {head_size} (hidden size "
+        f"{config.hidden_size} / {config.num_attention_heads} heads); supported head sizes: {supported} "
+        "(e.g. fewer heads, or sampler.engine: hf)",
+    )

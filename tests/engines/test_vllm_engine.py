@@ -48,3 +48,18 @@ def test_greedy_decoding_matches_generate(checks):
 
 def test_a_seed_makes_sampling_reproducible(checks):
     assert checks["same_seed_same_samples"] and checks["other_seed_differs"]
+
+
+def test_a_sync_invalidates_kv_blocks_cached_for_a_shared_prefix(checks):
+    # prompts of more than three KV blocks, sampled before the weights changed: after the sync the engine must not
+    # reuse the blocks it cached under the old weights (its log-probs would be the old policy's)
+    assert checks["long_prompt_tokens"] > 3 * checks["block_size"]
+    assert checks["gap_long_before"] < 1e-4
+    assert checks["gap_long_synced"] < 1e-4
+
+
+def test_the_quick_starts_batch_with_long_prompts_samples_on_cpu(checks):
+    # 16 prompts x 8 of ~125 tokens: more prompt tokens than one scheduler step takes (chunked prefill used to
+    # split one, and vLLM then rewound a CPU generator: "CPU Generator does not use offset")
+    assert checks["big_batch_shape"][0] == 16 * 8
+    assert checks["gap_big_batch"] < 1e-4

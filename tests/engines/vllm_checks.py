@@ -4,7 +4,9 @@
 
 Builds a GSPOModule with a tiny random Qwen3 and a VLLMEngine, then records what the tests in
 ``test_vllm_engine.py`` assert: output shapes and EOS handling, log-probs against the trainer's before and after
-the trainer's weights change (weight sync), greedy parity with ``generate``, and seeded reproducibility.
+the trainer's weights change (weight sync), greedy parity with ``generate``, and seeded reproducibility; then the
+same after a sync with prompts that share a prefix of several KV blocks (the prefix cache must not serve blocks
+computed under the old weights), and the quick start's batch (16 prompts x 8) with long prompts.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from gspo_lightning.engines import HFEngine, VLLMEngine  # noqa: E402
 from gspo_lightning.engines.base import SamplingSettings  # noqa: E402
 from gspo_lightning.logprobs import response_logprobs  # noqa: E402
 from gspo_lightning.models import TinyQwen3  # noqa: E402
+from gspo_lightning.models.loaders import DEFAULT_ALPHABET  # noqa: E402
 from gspo_lightning.rollout.pipeline import encode_prompts, response_mask_until_eos  # noqa: E402
 
 PROMPTS, G, MAX_NEW = ["1+1=", "12+34=", "7"], 4, 8
+SHARED = "Add the two numbers. 12+34=46, 7+8=15, 100+1=101. "  # a system prompt / few-shot header, repeated
 
 
 def logprob_gap(module, prompt_ids, prompt_mask, samples, group) -> float:
@@ -44,7 +48,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.manual_seed(0)
-    module = GSPOModule(TinyQwen3(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128))
+    tiny = TinyQwen3(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
+                     alphabet="".join(sorted(set(DEFAULT_ALPHABET + SHARED))), max_position_embeddings=1024)  # fmt: skip
+    module = GSPOModule(tiny)
     module.configure_model()
     tokenizer = module.tokenizer
     trainer = SimpleNamespace(world_size=1, global_step=0, precision="32-true", strategy=None)
@@ -87,8 +93,36 @@ def main() -> None:
         for engine_row, hf_row, e, h in zip(engine_greedy.response_ids, hf_greedy.response_ids,
                                             engine_mask.sum(-1), hf_mask.sum(-1))  # fmt: skip
     ]
+    results |= shared_prefix_checks(engine, module, trainer, settings)
     engine.teardown()
     Path(args.out).write_text(json.dumps(results))
+
+
+def shared_prefix_checks(engine, module, trainer, settings) -> dict:
+    """Prompts sharing a prefix longer than several KV blocks, sampled before and after the weights change and
+    sync; then 16 prompts x 8 responses whose prefills together exceed one scheduler step."""
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    prefix = (SHARED * 40)[: 3 * block + 5]  # three full blocks the prefix cache keeps, and a partial one
+    ids, mask = encode_prompts(module.tokenizer, [prefix + "1+1=", prefix + "22+3="], "cpu")
+    before = engine.sample(module.policy, module.tokenizer, ids, mask, settings, G, with_logprobs=True, seed=5)
+    gap_before = logprob_gap(module, ids, mask, before, G)  # now: the trainer's weights move next
+    with torch.no_grad():
+        for parameter in module.policy.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    trainer.global_step += 1
+    engine.before_rollout(trainer, module)
+    after = engine.sample(module.policy, module.tokenizer, ids, mask, settings, G, with_logprobs=True, seed=5)
+    batch = [(SHARED * 3)[:120] + f"{i}+{i}=" for i in range(16)]
+    batch_ids, batch_mask = encode_prompts(module.tokenizer, batch, "cpu")
+    big = engine.sample(module.policy, module.tokenizer, batch_ids, batch_mask, settings, 8, with_logprobs=True, seed=9)
+    return {
+        "long_prompt_tokens": int(ids.shape[1]),
+        "block_size": block,
+        "gap_long_before": gap_before,
+        "gap_long_synced": logprob_gap(module, ids, mask, after, G),
+        "big_batch_shape": list(big.response_ids.shape),
+        "gap_big_batch": logprob_gap(module, batch_ids, batch_mask, big, 8),
+    }
 
 
 if __name__ == "__main__":
