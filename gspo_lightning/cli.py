@@ -11,11 +11,16 @@ from typing import Any
 
 import torch
 import yaml
-from lightning.pytorch.callbacks import ModelCheckpoint
+from jsonargparse import ArgumentError
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 from gspo_lightning.callbacks import CheckpointOnPreemption, ExportPolicy, LogCompletions, NonFiniteGuard
+from gspo_lightning.cli_errors import describe_argument_error, one_line
+from gspo_lightning.console import StepProgressBar, quiet_library_noise
 from gspo_lightning.data import PromptDataModule
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
@@ -26,10 +31,22 @@ from gspo_lightning.rollout.checks import (
     validate_sampling_settings,
 )
 from gspo_lightning.rollout.minibatches import check_divisible
+from gspo_lightning.run_dirs import resolve_resume
+from gspo_lightning.validation import SettingError, UserError
 
 BASE_CONFIG = Path(__file__).with_name("base.yaml")
 """Loaded before any ``-c`` config (``configs/base.yaml`` links to it)."""
-_UNION_ERROR = "Does not validate against any of the Union subtypes"
+CALLBACK_GROUPS = {
+    "sampler": GroupSampler,
+    "evaluation": HeldOutEvaluation,
+    "export": ExportPolicy,
+    "nonfinite": NonFiniteGuard,
+    "preemption": CheckpointOnPreemption,
+    "completions": LogCompletions,
+}
+"""The callbacks every run has, each under its own top-level key."""
+GROUPS: dict[str, type] = {"trainer": Trainer, "model": GSPOModule, "data": PromptDataModule, **CALLBACK_GROUPS}
+"""The class each top-level key's settings go to (the default class of ``model`` and ``data``)."""
 DEFAULT_OPTIMIZER = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1.0e-6, "weight_decay": 0.0}}
 """``--optimizer``'s default, GSPOModule's own: AdamW at lr 1e-6 (the paper's scale), no weight decay."""
 
@@ -51,32 +68,16 @@ def _merged(base: Any, update: Any) -> Any:
     return {**base, **{key: _merged(base.get(key), value) for key, value in update.items()}}
 
 
-class ConfigError(ValueError):
+class ConfigError(SettingError):
     """A setting that cannot work, found while the config is read and its objects built; one line of message."""
-
-
-def one_line(error: Exception) -> str:
-    """The message that names the setting: jsonargparse wraps a class's own error in a many-line report of
-    every union member it tried (the class and None); the class's error is the line worth reading."""
-    message = str(error)
-    if _UNION_ERROR in message:
-        reasons = [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
-        reasons = [reason for reason in reasons if not reason.startswith("Expected a <class 'NoneType'>")]
-        if reasons:
-            return "; ".join(reasons)
-    return message.strip().splitlines()[0] if message.strip() else type(error).__name__
 
 
 class GSPOCLI(LightningCLI):
     """LightningCLI whose sampler, evaluation, export and fault callbacks are always present, shared values linked."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_lightning_class_args(GroupSampler, "sampler")
-        parser.add_lightning_class_args(HeldOutEvaluation, "evaluation")
-        parser.add_lightning_class_args(ExportPolicy, "export")
-        parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
-        parser.add_lightning_class_args(CheckpointOnPreemption, "preemption")
-        parser.add_lightning_class_args(LogCompletions, "completions")
+        for key, callback in CALLBACK_GROUPS.items():
+            parser.add_lightning_class_args(callback, key)
         # LightningCLI's own --optimizer builds the optimizer before configure_model has built the policy; these
         # reach GSPOModule, which builds them over the trainable parameters (the only ones LoRA trains).
         parser.add_argument(
@@ -107,6 +108,8 @@ class GSPOCLI(LightningCLI):
         """Checks of linked and combined settings before anything is built, each naming the setting as written."""
         try:
             config = self.config[self.subcommand] if self.subcommand else self.config
+            if self.subcommand == "fit":
+                resolve_resume(config)  # --ckpt_path last: this run's newest last.ckpt, logged in its folder
             if self.subcommand and config.get("ckpt_path"):
                 config.model = self._command_line_config[self.subcommand].model
             sampler = config.sampler
@@ -133,6 +136,15 @@ class GSPOCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, ImportError) as error:  # a bad setting, or an optional dependency it needs
             raise ConfigError(one_line(error)) from error
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """Lightning's trainer, with rich's progress bar counting optimizer steps when rich is installed."""
+        trainer = self.config_init[self.subcommand].trainer if self.subcommand else self.config_init.trainer
+        callbacks = trainer.get("callbacks") or []
+        wanted = trainer.get("enable_progress_bar") is not False and _RICH_AVAILABLE
+        if wanted and not any(isinstance(callback, ProgressBar) for callback in callbacks):
+            trainer.callbacks = [*callbacks, StepProgressBar()]
+        return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
         self._fit_started = time.perf_counter()
@@ -166,21 +178,29 @@ class GSPOCLI(LightningCLI):
 
 def command_line() -> None:
     """``python -m gspo_lightning`` and ``gspo-lightning``: LightningCLI's subcommands (``fit``, ...) and ``plot``
-    (see :mod:`gspo_lightning.plot`). A bad setting ends the run with one line naming it
-    (``GSPO_LIGHTNING_TRACEBACK=1`` shows the traceback too); errors once training runs keep theirs."""
+    (see :mod:`gspo_lightning.plot`). A mistake in the settings or the data ends the run with one line naming it
+    (``GSPO_LIGHTNING_TRACEBACK=1`` shows the traceback too); a bug keeps its traceback."""
     if sys.argv[1:2] == ["plot"]:  # not a Trainer subcommand: draws a finished (or running) run's metrics
         from gspo_lightning.plot import main as plot
 
         plot(sys.argv[2:])
         return
+    quiet_library_noise()
     try:
         main()
-    except ConfigError as error:
-        if os.environ.get("GSPO_LIGHTNING_TRACEBACK"):
-            raise
-        sys.exit(f"error: {error}")
+    except ArgumentError as error:
+        _exit_with(error, describe_argument_error(str(error), GROUPS), status=2)
+    except UserError as error:
+        _exit_with(error, one_line(error))
     finally:
         close_process_group()
+
+
+def _exit_with(error: Exception, line: str, status: int = 1) -> None:
+    if os.environ.get("GSPO_LIGHTNING_TRACEBACK"):
+        raise error
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    sys.exit(status)
 
 
 def close_process_group() -> None:
@@ -191,11 +211,16 @@ def close_process_group() -> None:
     broadcast) still has to take the GIL to free that collective's Python-owned tensors; if the main thread holds
     the GIL until Python finalises, the worker is cancelled inside a destructor and the process aborts ("terminate
     called without an active exception", exit -6) after a run that finished. A short sleep hands it the GIL.
-    ``tests/distributed/exit_race.py`` aborted 4 runs in 20 without it, 0 in 16 with it.
+    ``tests/distributed/exit_race.py`` aborted 4 runs in 20 without it, 0 in 16 with it. Never raises: it runs
+    while a run's error propagates, and that error is the one to show.
     """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    try:
         torch.distributed.destroy_process_group()
-        time.sleep(0.2)
+    except (RuntimeError, ValueError) as error:  # a library (vLLM's engine shutdown) tore it down half-way
+        print(f"warning: closing the process group: {error}", file=sys.stderr)
+    time.sleep(0.2)
 
 
 def main(args: list[str] | None = None, run: bool = True) -> GSPOCLI:
@@ -216,6 +241,7 @@ def main(args: list[str] | None = None, run: bool = True) -> GSPOCLI:
 def _parser_kwargs(subcommands: bool) -> dict[str, Any]:
     """omegaconf interpolation, and base.yaml read first (the trainer's logging and checkpointing, which a task
     config then only overrides), by every subcommand's parser, or the one parser without subcommands."""
-    base = {"default_config_files": [str(BASE_CONFIG)]}
+    # exit_on_error=False: a parsing error reaches command_line as an exception, printed as one line
+    base = {"default_config_files": [str(BASE_CONFIG)], "exit_on_error": False}
     per_parser = {name: base for name in LightningCLI.subcommands()} if subcommands else base
-    return {"parser_mode": "omegaconf", **per_parser}
+    return {"parser_mode": "omegaconf", "exit_on_error": False, **per_parser}

@@ -38,7 +38,7 @@ from gspo_lightning.resume import apply_configured_settings, check_fixed_setting
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
 from gspo_lightning.step_metrics import log_expert_change, log_mismatch, log_step_metrics
 from gspo_lightning.strategies import is_fsdp1, shard_for_strategy
-from gspo_lightning.validation import require
+from gspo_lightning.validation import SettingError, check_optimizer_settings, require
 
 # The policy stays in eval mode on purpose (see configure_model); Lightning's notice about it is noise here.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
@@ -116,6 +116,7 @@ class GSPOModule(pl.LightningModule):
         require(
             logprob_chunk_size >= 0, f"model.logprob_chunk_size must be >= 0 (0: no chunking), got {logprob_chunk_size}"
         )
+        check_optimizer_settings(optimizer, lr_scheduler)  # now, not after the policy has loaded
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])  # functions; the CLI's config has them
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
@@ -163,7 +164,7 @@ class GSPOModule(pl.LightningModule):
         if self.objective.kl_coef > 0:  # copied before sharding: every rank holds the whole frozen reference
             self._reference = [copy.deepcopy(self.policy).requires_grad_(False).eval()]
         if self.hparams.routing_replay and not find_routers(self.policy):
-            raise ValueError(
+            raise SettingError(
                 f"model.routing_replay=true needs a mixture-of-experts policy, but {type(self.policy).__name__} "
                 "has no top-k router; set routing_replay: false"
             )
@@ -198,11 +199,11 @@ class GSPOModule(pl.LightningModule):
         log_across_ranks(self, {"faults/nonfinite_loss": float(not finite)}, len(minibatch))
         if scores.entropy is not None:
             stats["entropy"] = _mean_entropy(scores.entropy, minibatch)
-        log_step_metrics(self, loss, stats, logprobs.detach(), minibatch, batch.minibatch_index, batch.num_minibatches)
+        log_step_metrics(self, loss, stats, logprobs.detach(), minibatch, batch.minibatch_index)
         if minibatch.engine_logprobs is not None:  # pi_old recomputed, the engine's log-probs at hand
             log_mismatch(self, minibatch, correction_stats)
         if expert_change is not None:
-            log_expert_change(self, expert_change, len(minibatch), batch.minibatch_index, batch.num_minibatches)
+            log_expert_change(self, expert_change, len(minibatch), batch.minibatch_index)
         return loss
 
     @property
@@ -339,7 +340,7 @@ class GSPOModule(pl.LightningModule):
         # Only what trains: frozen weights (the base under LoRA) get no optimizer state and no weight decay.
         trainable = [parameter for parameter in self.policy.parameters() if parameter.requires_grad]
         if not trainable:
-            raise ValueError("model.policy has no parameter that requires grad: nothing to train")
+            raise SettingError("model.policy has no parameter that requires grad: nothing to train")
         optimizer = self.optimizer_factory(trainable)
         configured: dict[str, Any] = {"optimizer": optimizer}
         if self.lr_scheduler_factory is not None:
@@ -381,4 +382,4 @@ def _resolve(objective: str | ObjectiveSpec) -> ObjectiveSpec:
     try:
         return resolve_objective(objective)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"model.objective: {error}") from error
+        raise SettingError(f"model.objective: {error}") from error

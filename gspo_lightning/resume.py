@@ -7,6 +7,7 @@ weight decay, ...): the configured ones are put back.
 
 from __future__ import annotations
 
+from gspo_lightning.validation import SettingError
 from typing import Any
 
 import lightning.pytorch as pl
@@ -25,7 +26,7 @@ def check_fixed_settings(saved: dict[str, Any], current: dict[str, Any]) -> None
         if key in saved and comparable(saved[key]) != comparable(current[key])
     ]
     if changed:
-        raise ValueError(f"cannot resume with a changed {'; '.join(changed)}: start a new run to change it")
+        raise SettingError(f"cannot resume with a changed {'; '.join(changed)}: start a new run to change it")
 
 
 def comparable(value: Any) -> Any:

@@ -23,7 +23,6 @@ def log_step_metrics(
     logprobs: Tensor,
     minibatch: Minibatch,
     minibatch_index: int,
-    num_minibatches: int = 1,
 ) -> None:
     """Log loss and stats under ``train/``, diagnostics under ``diag/``, off-policy drift per minibatch index."""
     size = len(minibatch)
@@ -43,7 +42,7 @@ def log_step_metrics(
     log_across_ranks(module, {f"train/{name}": value for name, value in stats.items()}, size)
     log_across_ranks(module, {f"diag/{name}": value for name, value in diagnostics.items()}, size)
     # One series per minibatch index: drift grows from ~0 at the first minibatch of a round to the K-th.
-    drift = per_index_series("drift/kl_old_theta_mb", diagnostics["kl_old_theta"], minibatch_index, num_minibatches)
+    drift = per_index_series("drift/kl_old_theta_mb", diagnostics["kl_old_theta"], minibatch_index)
     log_across_ranks(module, drift, size)
     histogram_loggers = [logger for logger in module.loggers if isinstance(logger, TensorBoardLogger)]
     if histogram_loggers:
@@ -52,24 +51,22 @@ def log_step_metrics(
             logger.experiment.add_histogram("diag/seq_ratio", ratios, module.global_step)
 
 
-def per_index_series(prefix: str, value: Tensor, index: int, count: int) -> dict[str, Tensor]:
-    """One series per minibatch index: ``value`` under ``<prefix><index>``, NaN under the others.
-
-    Logging every series at every step keeps the loggers from repeating a series' last value at the steps of
-    other indices (Lightning re-reports a step metric until it is logged again).
-    """
-    nan = torch.full_like(value, float("nan"))
-    return {f"{prefix}{k}": value if k == index else nan for k in range(max(count, index + 1))}
+def per_index_series(prefix: str, value: Tensor, index: int) -> dict[str, Tensor]:
+    """One series per minibatch index: ``value`` under ``<prefix><index>`` and nothing under the others, so each
+    logger gets a value or no entry at all, never a NaN placeholder (TensorBoard rejects those, and a CSV cell
+    stays empty). The module's :class:`StepMetrics` writes each step's own figures only, so no logger repeats a
+    series' last value at the steps of other indices."""
+    return {f"{prefix}{index}": value}
 
 
 def log_expert_change(
-    module: pl.LightningModule, per_layer: Tensor, size: int, minibatch_index: int, num_minibatches: int = 1
+    module: pl.LightningModule, per_layer: Tensor, size: int, minibatch_index: int
 ) -> None:
     """MoE routing drift: the fraction of (token, expert) activations pi_theta's routers choose that pi_old's did
     not, in total, per layer, and per minibatch index (updates since pi_old)."""
     total = per_layer.mean()
     metrics = {"moe/expert_change_frac": total}
-    metrics |= per_index_series("moe/expert_change_mb", total, minibatch_index, num_minibatches)
+    metrics |= per_index_series("moe/expert_change_mb", total, minibatch_index)
     metrics |= {f"moe/expert_change_frac_layer{layer}": value for layer, value in enumerate(per_layer)}
     log_across_ranks(module, metrics, size)
 

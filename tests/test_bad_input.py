@@ -19,7 +19,7 @@ QUICKSTART = str(ROOT / "configs/quickstart.yaml")
         ("--sampler.group_size=1", "sampler.group_size must be >= 2"),
         ("--model.init_args.eps_low=0", r"model.eps_low must be in \(0, 1\) for objective 'gspo', got 0"),
         ("--model.init_args.eps_high=1.5", r"model.eps_high must be in \(0, 1\) for objective 'gspo', got 1.5"),
-        ("--sampler.num_minibatches=3", "num_minibatches=3 must be >= 1 and divide the rollout batch of 128"),
+        ("--sampler.num_minibatches=3", "sampler.num_minibatches=3 must divide the rollout batch of 128 responses"),
         ("--sampler.max_new_tokens=0", "sampler.max_new_tokens must be >= 1, got 0"),
         ("--model.init_args.objective=ppo", "unknown objective 'ppo'; allowed names: cispo, dapo, dr_grpo, gmpo"),
         ('--model.init_args.objective={"name": "grpo", "options": {"max_tokens": 8}}', r"no option\(s\) \['max_tokens'\]"),

@@ -141,7 +141,7 @@ def test_links_carry_command_line_overrides(tmp_path, monkeypatch):
 
 def test_minibatches_that_do_not_divide_the_rollout_fail_before_anything_is_built(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="num_minibatches=3 must be >= 1 and divide the rollout batch of 128"):
+    with pytest.raises(ValueError, match=r"sampler.num_minibatches=3 must divide the rollout batch of 128 responses .*; allowed: \[1, 2, 4, 8, 16, 32, 64, 128\]"):
         main(["-c", str(ROOT / "configs/quickstart.yaml"), "--sampler.num_minibatches=3"], run=False)
 
 

@@ -14,9 +14,15 @@ from pathlib import Path
 import datasets
 import pyarrow as pa
 
+from gspo_lightning.validation import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError):
     """A data file or data set that cannot be trained on; the message names the file, the row and the problem."""
+
+
+class MissingDataFile(DataError, FileNotFoundError):
+    """A local data file that does not exist."""
 
 
 def check_text_file(path: str | Path) -> None:

@@ -22,6 +22,7 @@ from gspo_lightning.data.formatting import PromptFormatter
 from gspo_lightning.data.sources import PromptSource
 from gspo_lightning.data.stream import PromptStream, make_prompt_batch, replace_seed
 from gspo_lightning.rollout.types import PromptBatch
+from gspo_lightning.validation import SettingError
 
 SPLITS = ("train", "eval")
 
@@ -125,9 +126,9 @@ class PromptDataModule(LightningDataModule):
         }
         for setting, value in positive.items():
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"data.{setting} must be a positive integer, got {value!r}")
+                raise SettingError(f"data.{setting} must be a positive integer, got {value!r}")
         if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"data.num_workers must be an integer >= 0, got {num_workers!r}")
+            raise SettingError(f"data.num_workers must be an integer >= 0, got {num_workers!r}")
         self.source = source
         self.formatter = PromptFormatter(prompt_template, chat=chat_template, system_prompt=system_prompt)
         self.prompts_per_rollout = prompts_per_rollout
@@ -148,7 +149,7 @@ class PromptDataModule(LightningDataModule):
         if self._splits is None:
             self._splits = self._load_splits()
         if len(self._split("eval")) < self.world_size:
-            raise ValueError(
+            raise SettingError(
                 f"the eval split has {len(self._split('eval'))} rows, fewer than the {self.world_size} ranks; "
                 "raise the source's eval_size"
             )
@@ -158,7 +159,7 @@ class PromptDataModule(LightningDataModule):
         splits = self.source.load()
         missing = [name for name in SPLITS if name not in splits]
         if missing:
-            raise ValueError(
+            raise SettingError(
                 f"{type(self.source).__name__}.load() returned the splits {sorted(splits)}, lacking {missing}"
             )
         for name in SPLITS:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gspo_lightning.rollout.types import Prompt
+from gspo_lightning.validation import SettingError
 
 
 def template_fields(template: str) -> tuple[str, ...]:
@@ -18,14 +19,14 @@ def template_fields(template: str) -> tuple[str, ...]:
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as error:
-        raise ValueError(f"prompt template {template!r} is not a valid format string: {error}") from None
+        raise SettingError(f"prompt template {template!r} is not a valid format string: {error}") from None
     fields: list[str] = []
     for _, field_name, _, _ in parsed:
         if field_name is None:  # literal text only
             continue
         column = field_name.split(".", 1)[0].split("[", 1)[0]
         if not column or column.isdigit():
-            raise ValueError(
+            raise SettingError(
                 f"prompt template {template!r} has a positional field {{{field_name}}}; "
                 "name a column instead, e.g. '{question}'"
             )
@@ -46,7 +47,7 @@ class PromptFormatter:
             system_prompt: Content of a leading system message; requires ``chat=True``.
         """
         if system_prompt is not None and not chat:
-            raise ValueError(
+            raise SettingError(
                 "system_prompt is only used for chat prompts: set chat=True (chat_template: true) "
                 "or put the instruction into the prompt template instead"
             )
@@ -76,7 +77,7 @@ class PromptFormatter:
         available = list(column_names)
         missing = [name for name in self.fields if name not in available]
         if missing:
-            raise ValueError(
+            raise SettingError(
                 f"prompt template {self.template!r} uses column(s) {missing} that {where} does not have; "
                 f"available columns: {available}"
             )

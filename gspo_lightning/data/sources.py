@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import datasets
 
 from gspo_lightning.data.arithmetic import OPERATIONS, arithmetic_problems, is_heldout
-from gspo_lightning.data.checks import check_rows, check_text_file
+from gspo_lightning.data.checks import DataError, MissingDataFile, check_rows, check_text_file
+from gspo_lightning.validation import SettingError
 
 # File suffixes read directly with one of the `datasets` packaged builders.
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -37,7 +38,7 @@ class PromptSource(ABC):
 
 def _check_eval_size(eval_size: int) -> None:
     if eval_size < 1:
-        raise ValueError(f"eval_size must be >= 1 (rows in the held-out split), got {eval_size}")
+        raise SettingError(f"eval_size must be >= 1 (rows in the held-out split), got {eval_size}")
 
 
 class GeneratedTask(PromptSource):
@@ -48,7 +49,7 @@ class GeneratedTask(PromptSource):
 
     def __init__(self, train_size: int, eval_size: int, seed: int) -> None:
         if train_size < 1:
-            raise ValueError(f"train_size must be >= 1, got {train_size}")
+            raise SettingError(f"train_size must be >= 1, got {train_size}")
         _check_eval_size(eval_size)
         self.train_size = train_size
         self.eval_size = eval_size
@@ -93,7 +94,7 @@ class LoadDataset(PromptSource):
         """
         _check_eval_size(eval_size)
         if eval_split is not None and eval_split == split:
-            raise ValueError(
+            raise SettingError(
                 f"eval_split ({eval_split!r}) must differ from split ({split!r}): held-out prompts must not be "
                 "trained on; leave eval_split unset to hold out rows of the training split"
             )
@@ -118,7 +119,7 @@ class LoadDataset(PromptSource):
             evaluation = evaluation.select(range(min(self.eval_size, len(evaluation))))
             return datasets.DatasetDict(train=train, eval=evaluation)
         if self.eval_size >= len(train):
-            raise ValueError(
+            raise SettingError(
                 f"eval_size ({self.eval_size}) must be smaller than the {len(train)} rows of split "
                 f"{self.split!r} it is held out of; lower eval_size or set eval_split"
             )
@@ -130,7 +131,7 @@ class LoadDataset(PromptSource):
         suffix = os.path.splitext(self.path)[1].lower()
         if os.path.isfile(self.path):
             if suffix not in _FILE_BUILDERS:
-                raise ValueError(
+                raise SettingError(
                     f"path {self.path!r} is a file of unsupported type {suffix!r}; "
                     f"supported: {sorted(_FILE_BUILDERS)}"
                 )
@@ -142,9 +143,16 @@ class LoadDataset(PromptSource):
         ):
             return datasets.load_from_disk(self.path)
         if suffix in _FILE_BUILDERS:  # meant as a local file: do not send a typo to the hub
-            raise FileNotFoundError(f"path {self.path!r}: no such data file")
+            raise MissingDataFile(f"data file {self.path!r} does not exist (data.init_args.source.init_args.path)")
         # A hub name, or a local directory of data files that `load_dataset` can infer.
-        return datasets.load_dataset(self.path, self.name)
+        try:
+            return datasets.load_dataset(self.path, self.name)
+        except (OSError, ValueError) as error:  # offline, a typo, no access, an unknown config name
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise DataError(
+                f"data set {self.path!r} (data.init_args.source.init_args.path) is neither a local file nor a saved "
+                f"data set, and loading it by name failed: {first}"
+            ) from error
 
     def _pick(
         self, splits: datasets.DatasetDict | datasets.Dataset, wanted: str, setting: str
@@ -152,13 +160,13 @@ class LoadDataset(PromptSource):
         if isinstance(splits, datasets.Dataset):
             # A single saved Dataset has no split names: it is the training data, and nothing else.
             if setting == "eval_split":
-                raise ValueError(
+                raise SettingError(
                     f"path {self.path!r} holds a single Dataset without splits, so eval_split={wanted!r} "
                     "cannot be found; leave eval_split unset to hold out rows of it"
                 )
             return splits
         if wanted not in splits:
-            raise ValueError(
+            raise SettingError(
                 f"{setting}={wanted!r} not found in {self.path!r}; available splits: {sorted(splits)}"
             )
         return splits[wanted]
@@ -207,7 +215,7 @@ def _check_heldout_side_exists(num_digits: int, operations: str) -> None:
     questions = [f"{a}{op}{b}" for a, b in itertools.product(operands, operands) for op in set(operations)]
     heldout = sum(map(is_heldout, questions))
     if heldout == 0 or heldout == len(questions):
-        raise ValueError(
+        raise SettingError(
             f"num_digits={num_digits} with operations={operations!r} gives {len(questions)} questions, "
             f"{heldout} of them held out: too few to split into train and eval; use more digits or operations "
             f"(from {sorted(OPERATIONS)})"

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -21,6 +24,7 @@ from transformers import (
 )
 
 from gspo_lightning.models.char_tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+from gspo_lightning.validation import SettingError
 
 _TINY_SETTINGS = (
     "hidden_size num_layers num_heads num_kv_heads intermediate_size max_position_embeddings alphabet seed".split()
@@ -103,7 +107,8 @@ class Pretrained(PolicyLoader):
                 ``None`` lets transformers choose.
         """
         if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+            raise SettingError(f"Pretrained.dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        check_local_checkpoint(name_or_path)
         self.name_or_path = name_or_path
         self.revision = revision
         self.dtype = dtype
@@ -112,9 +117,10 @@ class Pretrained(PolicyLoader):
 
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
         """The checkpoint's tokenizer, prepared by :func:`prepare_tokenizer`."""
-        tokenizer = AutoTokenizer.from_pretrained(
-            self.name_or_path, revision=self.revision, trust_remote_code=self.trust_remote_code
-        )
+        with _named_load_errors(self.name_or_path):
+            tokenizer = AutoTokenizer.from_pretrained(
+                self.name_or_path, revision=self.revision, trust_remote_code=self.trust_remote_code
+            )
         return prepare_tokenizer(tokenizer)
 
     def load_model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
@@ -122,11 +128,40 @@ class Pretrained(PolicyLoader):
         kwargs: dict[str, Any] = {"revision": self.revision, "dtype": _DTYPES[self.dtype]}
         if self.attn_implementation is not None:
             kwargs["attn_implementation"] = self.attn_implementation
-        model = AutoModelForCausalLM.from_pretrained(
-            self.name_or_path, trust_remote_code=self.trust_remote_code, **kwargs
-        )
+        with _named_load_errors(self.name_or_path):
+            model = AutoModelForCausalLM.from_pretrained(
+                self.name_or_path, trust_remote_code=self.trust_remote_code, **kwargs
+            )
         _set_special_token_ids(model, tokenizer)
         return model
+
+
+def check_local_checkpoint(name_or_path: str) -> None:
+    """A path meant as a local directory must be one: anything but a hub id (``namespace/name``) is a path, and a
+    missing one would otherwise reach the hub client as a malformed repo id."""
+    looks_local = name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1
+    path = Path(name_or_path).expanduser()
+    if path.exists() or not looks_local:
+        if path.exists() and not (path / "config.json").is_file():
+            raise SettingError(
+                f"Pretrained.name_or_path={name_or_path!r} has no config.json: not a directory "
+                "written by save_pretrained"
+            )
+        return
+    raise SettingError(
+        f"Pretrained.name_or_path={name_or_path!r}: no such directory (a local save_pretrained "
+        "directory, or a hub name such as 'Qwen/Qwen3-0.6B')"
+    )
+
+
+@contextmanager
+def _named_load_errors(name_or_path: str) -> Iterator[None]:
+    """A checkpoint that cannot be read (offline hub, no access, a broken directory) as one line naming it."""
+    try:
+        yield
+    except OSError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SettingError(f"Pretrained.name_or_path={name_or_path!r}: {first}") from error
 
 
 class TinyQwen3(PolicyLoader):

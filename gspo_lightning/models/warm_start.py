@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from gspo_lightning.data.arithmetic import arithmetic_problems
 from gspo_lightning.models.loaders import PolicyLoader, TinyQwen3
+from gspo_lightning.validation import SettingError
 
 WARM_START_VERSION = 1
 """Bump when the training recipe changes, so caches of the old recipe are no longer used."""
@@ -146,7 +147,7 @@ class SupervisedWarmStart(PolicyLoader, ABC):
             if warm != task:
                 data = "prompt_template" if name == "prompt_template" else f"source.init_args.{name}"
                 where = f"data.init_args.{data}"
-                raise ValueError(
+                raise SettingError(
                     f"model.init_args.policy.init_args.{name}={warm!r} but {where}={task!r}: the warm start must learn "
                     "the task RL trains on; set them equal"
                 )

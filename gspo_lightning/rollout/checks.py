@@ -12,7 +12,7 @@ from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
 from gspo_lightning.rewards.scoring import REWARD_ERRORS
 from gspo_lightning.rollout.minibatches import check_divisible
 from gspo_lightning.rollout.pipeline import PROMPT_OVERFLOWS
-from gspo_lightning.validation import require
+from gspo_lightning.validation import SettingError, require
 
 
 def validate_sampling(
@@ -110,7 +110,7 @@ def check_chat_template(datamodule: Any, tokenizer: Any) -> None:
     if tokenizer is None or not getattr(formatter, "chat", False):
         return
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
+        raise SettingError(
             "the data module builds chat prompts (data.init_args.chat_template: true) but the policy's "
             "tokenizer has no chat template: set data.init_args.chat_template: false (and put the instruction "
             "into data.init_args.prompt_template), or use a policy whose tokenizer defines a chat template "

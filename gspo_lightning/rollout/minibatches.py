@@ -13,14 +13,16 @@ from torch import Tensor, nn
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, response_logprobs
 from gspo_lightning.moe.routing import capture_routes
 from gspo_lightning.rollout.types import Minibatch, Rollout
+from gspo_lightning.validation import SettingError
 
 
 def check_divisible(num_responses: int, num_minibatches: int) -> None:
     """K must split the N responses of a round evenly, so every optimizer step sees the same batch size."""
     if num_minibatches < 1 or num_responses % num_minibatches != 0:
-        raise ValueError(
-            f"num_minibatches={num_minibatches} must be >= 1 and divide the rollout batch of "
-            f"{num_responses} responses (prompts_per_rollout x group_size)"
+        divisors = [k for k in range(1, num_responses + 1) if num_responses % k == 0]
+        raise SettingError(
+            f"sampler.num_minibatches={num_minibatches} must divide the rollout batch of {num_responses} responses "
+            f"(data.prompts_per_rollout x sampler.group_size); allowed: {divisors}"
         )
 
 

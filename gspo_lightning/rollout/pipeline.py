@@ -26,6 +26,7 @@ from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingS
 from gspo_lightning.rewards.isolation import RewardRunner
 from gspo_lightning.rewards.scoring import RewardFunction, score_completions
 from gspo_lightning.rollout.types import Prompt
+from gspo_lightning.validation import SettingError
 
 PromptOverflow = Literal["error", "truncate", "skip"]
 
@@ -77,7 +78,7 @@ def fit_prompts_to_context(
         overflowed: [P] bool, True for the prompts that were (or would have been) cut.
     """
     if overflow not in PROMPT_OVERFLOWS:
-        raise ValueError(f"{setting} must be one of {list(PROMPT_OVERFLOWS)}, got {overflow!r}")
+        raise SettingError(f"{setting} must be one of {list(PROMPT_OVERFLOWS)}, got {overflow!r}")
     lengths = prompt_mask.sum(-1)  # [P]
     if context is None:
         return prompt_ids, prompt_mask, lengths < 0  # [P, Lp], [P, Lp], [P] all False
@@ -93,7 +94,7 @@ def fit_prompts_to_context(
             if budget >= 1
             else "lower max_new_tokens: no prompt token would fit"
         )
-        raise ValueError(
+        raise SettingError(
             f"prompt {first} of the batch has {int(lengths[first])} tokens; with max_new_tokens={max_new_tokens} "
             f"it needs {int(lengths[first]) + max_new_tokens} > the policy's context length {context} "
             f"({int(overflowed.sum())} prompt(s) of the batch overflow; {setting}={overflow!r}): {reason}"

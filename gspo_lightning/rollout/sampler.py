@@ -64,7 +64,7 @@ from gspo_lightning.rollout.state import (
 from gspo_lightning.rollout.stats import rollout_stats
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
 from gspo_lightning.strategies import inference_context, parameters_are_sharded
-from gspo_lightning.validation import require
+from gspo_lightning.validation import SettingError, require
 
 
 class GroupSampler(Callback):
@@ -222,7 +222,7 @@ class GroupSampler(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch, batch_idx: int
     ) -> None:
         if batch.num_minibatches != self.num_minibatches:
-            raise ValueError(
+            raise SettingError(
                 f"the dataloader serves each rollout batch {batch.num_minibatches} times but the sampler's "
                 f"num_minibatches is {self.num_minibatches}: they must be equal (the CLI links them)"
             )
@@ -405,7 +405,7 @@ class GroupSampler(Callback):
         changed = [f"{name} (checkpoint {saved[name]}, now {value})" for name, value in self._fixed_settings().items()
                    if name in saved and saved[name] != value]  # fmt: skip
         if changed:
-            raise ValueError(f"cannot resume with a changed {', '.join(changed)}: start a new run to change it")
+            raise SettingError(f"cannot resume with a changed {', '.join(changed)}: start a new run to change it")
         local = select_rank(state_dict["per_rank"], "GroupSampler")
         self._rollout_index = local["rollout_index"]
         self._minibatches = [Minibatch(**fields) for fields in local["minibatches"]]

@@ -77,7 +77,7 @@ def test_bad_settings_fail_early(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "data.jsonl", ROWS)
     with pytest.raises(ValueError, match="eval_size \\(40\\) must be smaller"):
         LoadDataset(path, eval_size=40).load()
-    with pytest.raises(FileNotFoundError, match="no such data file"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         LoadDataset(str(tmp_path / "missing.jsonl")).load()
     (tmp_path / "data.txt").write_text("x")
     with pytest.raises(ValueError, match="unsupported type"):

@@ -57,5 +57,5 @@ def test_first_minibatch_ratio_is_exactly_one(tokenizer, policy):
 
 
 def test_num_minibatches_must_divide_the_rollout():
-    with pytest.raises(ValueError, match="num_minibatches=3 must be >= 1 and divide the rollout batch of 8"):
+    with pytest.raises(ValueError, match=r"sampler.num_minibatches=3 must divide the rollout batch of 8 responses .*allowed: \[1, 2, 4, 8\]"):
         check_divisible(8, 3)

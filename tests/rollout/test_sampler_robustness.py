@@ -109,7 +109,7 @@ class _LazyModule(ReinforceModule):
     ("data", "message"),
     [
         (_Data(chat=True), r"tokenizer has no chat template: set data.init_args.chat_template: false"),
-        (_Data(chat=False, prompts_per_rollout=3), "num_minibatches=4 must be >= 1 and divide the rollout batch of 6"),
+        (_Data(chat=False, prompts_per_rollout=3), "sampler.num_minibatches=4 must divide the rollout batch of 6"),
     ],
 )
 def test_setup_errors_come_before_the_model_is_built(policy, tokenizer, data, message):
