@@ -54,7 +54,7 @@ DEFAULT_OPTIMIZER = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1.0e
 def composed_config(*paths: str | Path) -> dict[str, Any]:
     """``base.yaml`` and then each config of ``paths`` merged as the command line merges them (mappings key by key,
     a list or a different ``class_path`` replacing what was there), as one dict: to edit a config in code."""
-    composed: dict[str, Any] = {}
+    composed: dict[str, Any] = {"optimizer": copy.deepcopy(DEFAULT_OPTIMIZER)}  # the parser's own default
     for path in (BASE_CONFIG, *paths):
         composed = _merged(composed, yaml.safe_load(Path(path).read_text()) or {})
     return composed

@@ -43,7 +43,13 @@ def quiet_library_noise() -> None:
 
 class StepProgressBar(RichProgressBar):
     """Lightning's rich progress bar, labelled by what it counts: optimizer steps out of ``max_steps``. The prompt
-    stream is endless, so Lightning's "Epoch 0/-2" (``max_epochs=-1``) says nothing."""
+    stream is endless, so Lightning's "Epoch 0/-2" (``max_epochs=-1``) says nothing; nor does the logger's version
+    number shown as a metric ("v_num: 0.000")."""
+
+    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         super().on_train_epoch_start(trainer, pl_module)

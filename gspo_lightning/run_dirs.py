@@ -19,7 +19,10 @@ from gspo_lightning.validation import SettingError
 LAST = "last.ckpt"
 _VERSION = re.compile(r"version_(\d+)$")
 _VERSIONED_LOGGERS = ("CSVLogger", "TensorBoardLogger", "RunCSVLogger")
-"""Logger classes (or their subclasses) with the ``<save_dir>/<name>/version_<n>`` layout and a ``version`` setting."""
+"""Logger classes with the ``<save_dir>/<name>/version_<n>`` layout and a ``version`` setting."""
+_CONTINUABLE_LOGGERS = ("TensorBoardLogger", "RunCSVLogger")
+"""Those that continue a folder's logs; Lightning's ``CSVLogger`` deletes an existing ``metrics.csv`` instead, so a
+run resumed under it logs into a new ``version_<n>``."""
 
 
 def resolve_resume(config: Any) -> str | None:
@@ -38,7 +41,7 @@ def resolve_resume(config: Any) -> str | None:
         if not path.exists():
             raise SettingError(f"--ckpt_path={requested}: no such checkpoint (a file, or a sharded checkpoint folder)")
     version = _version_of(path, root)
-    init_args = getattr(logger, "init_args", None)
+    init_args = getattr(logger, "init_args", None) if _class_name(logger) in _CONTINUABLE_LOGGERS else None
     if version is not None and init_args is not None and getattr(init_args, "version", None) is None:
         init_args.version = version  # log into the resumed run's folder, not a new version_<n+1>
     config.ckpt_path = str(path)
@@ -84,8 +87,11 @@ def _versioned_logger(trainer: Any) -> Any:
     logger = trainer.get("logger")
     if isinstance(logger, list) and logger:
         logger = logger[0]  # the first logger's folder is the run's (Lightning's trainer.log_dir)
-    class_path = str(getattr(logger, "class_path", ""))
-    return logger if class_path.rsplit(".", 1)[-1] in _VERSIONED_LOGGERS else None
+    return logger if _class_name(logger) in _VERSIONED_LOGGERS else None
+
+
+def _class_name(entry: Any) -> str:
+    return str(getattr(entry, "class_path", "")).rsplit(".", 1)[-1]
 
 
 def _run_root(trainer: Any, logger: Any) -> Path:

@@ -6,7 +6,6 @@ Orchestration only: the numbers come from the pure functions in ``objectives`` a
 from __future__ import annotations
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 

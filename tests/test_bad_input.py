@@ -110,3 +110,24 @@ def test_a_bad_sandbox_setting_of_the_code_reward_is_named(setting, value, messa
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=message):
         main(["-c", str(path)], run=False)
+
+
+def test_one_over_long_prompt_among_hundreds_fails_at_fit_start_naming_its_row(tmp_path, monkeypatch):
+    from gspo_lightning.engines import HFEngine
+
+    monkeypatch.chdir(tmp_path)
+    rows = [{"question": f"{i % 90}+{i % 7}", "answer": str(i % 90 + i % 7)} for i in range(300)]
+    rows[217]["question"] = "1+" * 40 + "1"  # 81 characters: with 5 new tokens, more than the context of 64
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    sampled = []
+    monkeypatch.setattr(HFEngine, "sample", lambda *args, **kwargs: sampled.append(1))
+    source = {"class_path": "gspo_lightning.data.LoadDataset", "init_args": {"path": "data.jsonl", "eval_size": 8}}
+    policy = {"class_path": "gspo_lightning.models.TinyQwen3", "init_args": TINY}
+    args = ["fit", "-c", QUICKSTART, f"--data.init_args.source={json.dumps(source)}", "--sampler.max_new_tokens=5",
+            f"--model.init_args.policy={json.dumps(policy)}", "--trainer.max_steps=1"]  # fmt: skip
+    with pytest.raises(ValueError, match=r"row \d+ \(counting from 0\) of the 'train' split of 'data.jsonl', the prompt "
+                                         r"'1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+...', has 82 tokens: "
+                                         r"with sampler.max_new_tokens=5 it needs 87 > the policy's "
+                                         r"context length 64 \(1 prompt\(s\) of the split do\)"):  # fmt: skip
+        main(args)
+    assert sampled == []  # nothing was sampled: the check ran at fit start

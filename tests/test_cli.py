@@ -145,16 +145,23 @@ def test_minibatches_that_do_not_divide_the_rollout_fail_before_anything_is_buil
         main(["-c", str(ROOT / "configs/quickstart.yaml"), "--sampler.num_minibatches=3"], run=False)
 
 
-def tiny_run_config(tmp_path: Path, max_steps: int, checkpoint_every: int = 4, extra: dict | None = None) -> Path:
+def tiny_run_config(
+    tmp_path: Path, max_steps: int, checkpoint_every: int = 4, extra: dict | None = None, own_layout: bool = False
+) -> Path:
     """The quick-start config shrunk to seconds: random tiny policy, small data, short responses.
 
+    Logs go to ``runs/tiny/version_0`` and checkpoints to ``ckpt/``, both fixed; with ``own_layout`` they stay where
+    the config puts them (``runs/tiny/version_<n>/`` and its ``checkpoints/``, relative to the config's folder).
     ``extra`` is merged into the config's top-level sections (lists are appended to).
     """
     config = composed_config(ROOT / "configs/quickstart.yaml")
     trainer = config["trainer"]
     trainer["max_steps"] = max_steps
-    trainer["logger"]["init_args"] = {"save_dir": str(tmp_path / "runs"), "name": "tiny", "version": 0}
-    trainer["callbacks"][0]["init_args"].update(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=checkpoint_every)
+    trainer["logger"]["init_args"] = {"save_dir": "runs", "name": "tiny"}
+    trainer["callbacks"][0]["init_args"].update(every_n_train_steps=checkpoint_every)
+    if not own_layout:
+        trainer["logger"]["init_args"] |= {"save_dir": str(tmp_path / "runs"), "version": 0}
+        trainer["callbacks"][0]["init_args"]["dirpath"] = str(tmp_path / "ckpt")
     model = config["model"]["init_args"]
     model["policy"] = {"class_path": "gspo_lightning.models.TinyQwen3", "init_args": TINY}
     data = config["data"]["init_args"]

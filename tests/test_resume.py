@@ -31,12 +31,14 @@ def _per_step(run_dir: Path) -> dict[int, dict[str, str]]:
     return {int(r["step"]): {k: r[k] for k in COMPARED} for r in rows if r["train/loss"]}
 
 
-def _config(directory: Path, checkpoint_every: int, fault: dict | None = None, steps: int = STEPS) -> Path:
+def _config(
+    directory: Path, checkpoint_every: int, fault: dict | None = None, steps: int = STEPS, own_layout: bool = False
+) -> Path:
     sections = {"sampler": {"rewards": ["tests.fault_helpers.length_reward"]}}
     if fault:
         sections["trainer"] = {"callbacks": [fault]}
     directory.mkdir(exist_ok=True)
-    return tiny_run_config(directory, steps, checkpoint_every=checkpoint_every, extra=sections)
+    return tiny_run_config(directory, steps, checkpoint_every, sections, own_layout)
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +63,25 @@ def uninterrupted(tmp_path_factory) -> dict[int, dict[str, str]]:
 def test_resumed_run_equals_an_uninterrupted_run(
     tmp_path, uninterrupted, fault, at_step, checkpoint_every, exit_code, resumed_from
 ):
+    """As the README says: the same command with ``--ckpt_path last``, on the config's own layout (checkpoints in
+    ``runs/tiny/version_0/checkpoints``); the resumed run continues that folder's ``metrics.csv``."""
     killer = {"class_path": f"tests.fault_helpers.{fault}", "init_args": {"step": at_step}}
-    interrupted = _run(_config(tmp_path, checkpoint_every, killer))
+    interrupted = _run(_config(tmp_path, checkpoint_every, killer, own_layout=True))
     assert interrupted.returncode == exit_code, interrupted.stderr[-3000:]
-    assert (tmp_path / "ckpt/last.ckpt").exists()
+    run_dir = tmp_path / "runs/tiny/version_0"
+    assert (run_dir / "checkpoints/last.ckpt").exists()
+    killed_at = max(_per_step(run_dir))
+    assert killed_at >= at_step - 1  # the kill lost no row logged before it (rows are written as logged)
     # Resume with the same config minus the fault, as a user would.
-    resumed = _run(_config(tmp_path, checkpoint_every), "--ckpt_path=last", "--trainer.logger.init_args.version=1")
+    resumed = _run(_config(tmp_path, checkpoint_every, own_layout=True), "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    after = _per_step(tmp_path / "runs/tiny/version_1")
-
-    assert min(after) == resumed_from and resumed_from % K != 0  # resumed inside a rollout batch
-    assert set(after) == set(range(resumed_from, STEPS))
+    assert "Restoring states from the checkpoint path at runs/tiny/version_0/checkpoints/last.ckpt" in resumed.stderr
+    assert sorted(path.name for path in (tmp_path / "runs/tiny").iterdir()) == ["version_0"]  # one run, one folder
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    steps = [int(row["step"]) for row in rows if row["train/loss"]]
+    assert steps == list(range(STEPS))  # every step once: the resumed run replaced what the kill left after its checkpoint
+    after = {step: row for step, row in _per_step(run_dir).items() if step >= resumed_from}
+    assert resumed_from % K != 0  # resumed inside a rollout batch
     assert {step: uninterrupted[step] for step in after} == after  # bitwise: the CSV holds full-precision reprs
     assert len({row["train/loss"] for row in after.values()}) > 1  # a real, changing signal was compared
 

@@ -41,15 +41,15 @@ import lightning
 import lightning.pytorch as pl
 import torch
 import transformers
-import yaml
 from lightning.pytorch.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from experiments.bench.bare_loop import QUICKSTART, StepWindow  # noqa: E402
+from experiments.bench.bare_loop import QUICKSTART, StepWindow, with_defaults  # noqa: E402
 from experiments.common import run_fit  # noqa: E402
 from gspo_lightning.cli import composed_config  # noqa: E402
+from gspo_lightning.rollout import GroupSampler  # noqa: E402
 from gspo_lightning.models.warm_start import cache_root  # noqa: E402
 
 BARE_LOOP = ROOT / "experiments/bench/bare_loop.py"
@@ -238,7 +238,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads, both sides")
     parser.add_argument("--cache", type=Path, default=cache_root(), help="warm-start cache (GSPO_LIGHTNING_CACHE)")
     args = parser.parse_args()
-    minibatches = yaml.safe_load(QUICKSTART.read_text())["sampler"]["num_minibatches"]  # K
+    minibatches = with_defaults(GroupSampler, composed_config(QUICKSTART)["sampler"])["num_minibatches"]  # K
     if args.steps % minibatches or args.warmup_steps % minibatches or args.warmup_steps < minibatches:
         parser.error(f"--steps and --warmup-steps must be multiples of K={minibatches}, --warmup-steps >= K")
     return args

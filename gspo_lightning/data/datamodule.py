@@ -21,7 +21,7 @@ from gspo_lightning.data.checks import check_rows
 from gspo_lightning.data.formatting import PromptFormatter
 from gspo_lightning.data.sources import PromptSource
 from gspo_lightning.data.stream import PromptStream, make_prompt_batch, replace_seed
-from gspo_lightning.rollout.types import PromptBatch
+from gspo_lightning.rollout.types import Prompt, PromptBatch
 from gspo_lightning.validation import SettingError
 
 SPLITS = ("train", "eval")
@@ -234,6 +234,15 @@ class PromptDataModule(LightningDataModule):
         # Prompts and columns are Python values, tokenized on the module's device by the sampler, which also
         # moves the minibatch it attaches (after this): walking them with Lightning's mover costs for nothing.
         return batch
+
+    def prompt_chunks(self, split: str = "train", size: int = 1024) -> Iterator[tuple[int, list[Prompt]]]:
+        """Every prompt of ``split`` (all ranks' rows, in order), ``size`` at a time: (first row's index, prompts).
+        The sampler checks each one's length against the context at fit start, not when the row is drawn."""
+        rows = self._split(split)
+        for start in range(0, len(rows), size):
+            chunk = rows[start : start + size]
+            records = [dict(zip(chunk, values)) for values in zip(*chunk.values())]
+            yield start, [self.formatter(record) for record in records]
 
     @property
     def heldout_size(self) -> int:

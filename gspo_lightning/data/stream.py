@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from gspo_lightning.rollout.types import Prompt, PromptBatch
+from gspo_lightning.validation import SettingError
 
 # Settings that fix which prompts item i is; a saved state only makes sense under the same ones.
 LAYOUT_KEYS = ("seed", "world_size", "num_rows", "prompts_per_rollout", "minibatches_per_rollout")
@@ -92,14 +93,14 @@ class PromptStream(IterableDataset):
         }
         for setting, value in positive.items():
             if value < 1:
-                raise ValueError(f"{setting} must be >= 1, got {value}")
+                raise SettingError(f"{setting} must be >= 1, got {value}")
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+            raise SettingError(f"rank must be in [0, world_size={world_size}), got {rank}")
         # Every rank gets the same share size (the permutation's tail beyond a multiple of world_size is
         # dropped), so all ranks have the same number of rollouts per epoch and stay in step.
         self.rows_per_rank = len(dataset) // world_size
         if self.rows_per_rank < prompts_per_rollout:
-            raise ValueError(
+            raise SettingError(
                 f"each of the {world_size} rank(s) gets {self.rows_per_rank} of the {len(dataset)} training rows, "
                 f"fewer than prompts_per_rollout={prompts_per_rollout}; use more data or fewer prompts per rollout"
             )

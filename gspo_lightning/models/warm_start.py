@@ -10,38 +10,26 @@ result on disk, keyed by a hash of every setting, so later runs and other ranks 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import shutil
-import tempfile
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
 from filelock import FileLock
-from safetensors.torch import save_file
-from torch import Tensor
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_lightning.data.arithmetic import arithmetic_problems
+from gspo_lightning.models.cache import cache_root, is_complete, save_atomically, settings_hash
 from gspo_lightning.models.loaders import PolicyLoader, TinyQwen3
+from gspo_lightning.models.supervised import train_warm_start
 from gspo_lightning.validation import SettingError
 
 WARM_START_VERSION = 1
 """Bump when the training recipe changes, so caches of the old recipe are no longer used."""
 
-REPORT_FILE = "warm_start.json"
-MODEL_FILE = "model.safetensors"
-CACHE_ENV_VAR = "GSPO_LIGHTNING_CACHE"
-_EVAL_SEED_OFFSET = 1_000_003  # evaluation problems come from a different stream than the training ones
-_EVAL_CHUNK = 256  # problems per generate call during evaluation
-_IGNORE_INDEX = -100  # label of tokens that carry no loss (prompt, padding)
 # what determines the trained weights besides the base model and the task; hashed into the cache key
 _TRAINING_SETTINGS = "prompt_template max_steps batch_size lr target_accuracy eval_every eval_size seed".split()
 
@@ -216,21 +204,6 @@ class WarmStartedTinyQwen3(SupervisedWarmStart):
         return {"question": f"{widest}{self.operations[0]}{widest}", "answer": "9" * answer}
 
 
-def cache_root(cache_dir: str | None = None) -> Path:
-    """Root of gspo_lightning's caches: ``cache_dir``, else ``$GSPO_LIGHTNING_CACHE``, else ``~/.cache``."""
-    if cache_dir:
-        return Path(cache_dir).expanduser()
-    if os.environ.get(CACHE_ENV_VAR):
-        return Path(os.environ[CACHE_ENV_VAR]).expanduser()
-    return Path.home() / ".cache" / "gspo_lightning"
-
-
-def settings_hash(settings: dict[str, Any]) -> str:
-    """A short, stable hash of JSON-serialisable settings."""
-    canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
 def ensure_cached(loader: SupervisedWarmStart, path: Path) -> None:
     """Train and save the warm start at ``path`` unless a complete one is already there.
 
@@ -249,173 +222,7 @@ def ensure_cached(loader: SupervisedWarmStart, path: Path) -> None:
             shutil.rmtree(path)
         logger.info("warm start: no cache at %s, training", path)
         tokenizer = loader.load_tokenizer()
-        model, report = train_warm_start(loader, tokenizer)
-        _save_atomically(model, tokenizer, report, path)
+        model, report = train_warm_start(loader, tokenizer, path)
+        save_atomically(model, tokenizer, report, path)
 
 
-def is_complete(path: Path) -> bool:
-    """The report, the model's config and its weights are all in ``path``."""
-    return all((path / name).is_file() for name in (REPORT_FILE, "config.json", MODEL_FILE))
-
-
-def _save_atomically(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, report: dict[str, Any], path: Path
-) -> None:
-    """Write model, tokenizer and report to a temp directory, then rename it into place.
-
-    A reader never sees a half-written cache, even if this process is killed while saving. The tokenizer is
-    saved too, so the directory also loads with ``Pretrained(name_or_path=...)``. The model is written with
-    safetensors, not ``save_pretrained``: once torch.distributed is initialised, transformers writes a model
-    only on global rank 0, and whichever rank holds the lock trains the warm start.
-    """
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        model.config.save_pretrained(tmp)
-        if model.generation_config is not None:
-            model.generation_config.save_pretrained(tmp)
-        save_file(_one_name_per_tensor(model), str(tmp / MODEL_FILE), metadata={"format": "pt"})
-        tokenizer.save_pretrained(tmp)
-        (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _one_name_per_tensor(model: PreTrainedModel) -> dict[str, Tensor]:
-    """The state dict with one name per shared tensor, the first in the model's order (the input embedding of
-    tied weights, as ``save_pretrained`` keeps it: loading then initialises nothing, which would draw random
-    numbers, and ties the head to it)."""
-    tensors: dict[str, Tensor] = {}
-    seen: set[tuple[int, int, tuple[int, ...]]] = set()
-    for name, tensor in model.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        if key not in seen:
-            seen.add(key)
-            tensors[name] = tensor.detach().contiguous()
-    return tensors
-
-
-def train_warm_start(
-    loader: SupervisedWarmStart, tokenizer: PreTrainedTokenizerBase
-) -> tuple[PreTrainedModel, dict[str, Any]]:
-    """Train ``loader.base``'s model until it reaches the target accuracy; return it and a report."""
-    start = time.monotonic()
-    # fork_rng: a deterministic run that leaves the caller's random stream where it was
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(loader.seed)
-        model = loader.base.load_model(tokenizer)
-        model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=loader.lr, weight_decay=0.0)
-        warmup = max(1, min(100, loader.max_steps // 10))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-        train_stream = loader.demonstrations(loader.max_steps * loader.batch_size, loader.seed)
-        eval_problems = list(loader.demonstrations(loader.eval_size, loader.seed + _EVAL_SEED_OFFSET))
-        losses: list[float] = []
-        history: list[dict[str, float]] = []
-        for step in range(1, loader.max_steps + 1):
-            batch = training_batch(tokenizer, list(islice(train_stream, loader.batch_size)), loader.prompt_template)
-            losses.append(_optimizer_step(model, optimizer, schedule, batch))
-            if step % loader.eval_every and step < loader.max_steps:
-                continue
-            accuracy = evaluate_accuracy(model, tokenizer, eval_problems, loader)
-            recent = losses[-loader.eval_every :]
-            seconds = round(time.monotonic() - start, 2)
-            history.append({"step": step, "loss": sum(recent) / len(recent), "accuracy": accuracy, "seconds": seconds})
-            logger.info(
-                "warm start step %(step)d: loss %(loss).4f, accuracy %(accuracy).3f (%(seconds).1f s)", history[-1]
-            )
-            if accuracy >= loader.target_accuracy:
-                break
-    return model, _report(loader, history, losses, time.monotonic() - start)
-
-
-def _report(
-    loader: SupervisedWarmStart, history: list[dict[str, float]], losses: list[float], seconds: float
-) -> dict[str, Any]:
-    """The ``warm_start.json`` content: what was trained, how long it took and what it reached."""
-    accuracy = history[-1]["accuracy"]
-    reached = accuracy >= loader.target_accuracy
-    if not reached:
-        logger.warning(
-            "warm start stopped at max_steps with accuracy %.3f < target %.3f", accuracy, loader.target_accuracy
-        )
-    return {
-        "settings": loader.settings(),
-        "cache_key": settings_hash(loader.settings()),
-        "steps": len(losses),
-        "accuracy": accuracy,
-        "reached_target": reached,
-        "seconds": round(seconds, 2),
-        "first_loss": losses[0],
-        "history": history,
-    }
-
-
-def _optimizer_step(
-    model: PreTrainedModel,
-    optimizer: torch.optim.Optimizer,
-    schedule: torch.optim.lr_scheduler.LRScheduler,
-    batch: dict[str, Tensor],
-) -> float:
-    """One supervised step; returns the loss. Clipping guards against loss spikes."""
-    loss = model(**batch).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    schedule.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.item()
-
-
-def training_batch(
-    tokenizer: PreTrainedTokenizerBase, problems: list[dict[str, str]], prompt_template: str
-) -> dict[str, Tensor]:
-    """Tokenise ``prompt + answer + eos`` rows, right padded, with loss only on answer and eos tokens.
-
-    Right padding keeps every row's positions starting at 0, the positions ``generate`` gives a left-padded
-    prompt (it derives them from the attention mask).
-    """
-    rows, label_rows = [], []
-    for problem in problems:
-        prompt = tokenizer.encode(prompt_template.format(**problem), add_special_tokens=False)
-        target = tokenizer.encode(problem["answer"], add_special_tokens=False) + [tokenizer.eos_token_id]
-        rows.append(prompt + target)
-        label_rows.append([_IGNORE_INDEX] * len(prompt) + target)
-    width = max(len(row) for row in rows)
-    pad = tokenizer.pad_token_id
-    input_ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows])
-    labels = torch.tensor([row + [_IGNORE_INDEX] * (width - len(row)) for row in label_rows])
-    attention_mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
-@torch.no_grad()
-def evaluate_accuracy(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    problems: list[dict[str, str]],
-    loader: SupervisedWarmStart,
-) -> float:
-    """Greedy accuracy: the fraction of completions (up to their first eos) ``loader.is_correct`` accepts."""
-    was_training = model.training
-    model.eval()
-    max_new_tokens = max(len(tokenizer.encode(p["answer"], add_special_tokens=False)) for p in problems) + 1
-    correct = 0
-    for begin in range(0, len(problems), _EVAL_CHUNK):
-        chunk = problems[begin : begin + _EVAL_CHUNK]
-        prompts = [loader.prompt_template.format(**p) for p in chunk]
-        inputs = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-        output = model.generate(
-            **inputs,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-        for problem, completion in zip(chunk, output[:, inputs["input_ids"].shape[1] :].tolist(), strict=True):
-            if tokenizer.eos_token_id in completion:
-                completion = completion[: completion.index(tokenizer.eos_token_id)]
-            correct += loader.is_correct(problem, tokenizer.decode(completion))
-    model.train(was_training)
-    return correct / len(problems)

@@ -11,7 +11,7 @@ from gspo_lightning.data.checks import check_reward_columns
 from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
 from gspo_lightning.rewards.scoring import REWARD_ERRORS
 from gspo_lightning.rollout.minibatches import check_divisible
-from gspo_lightning.rollout.pipeline import PROMPT_OVERFLOWS
+from gspo_lightning.rollout.pipeline import PROMPT_OVERFLOWS, encode_prompts
 from gspo_lightning.validation import SettingError, require
 
 
@@ -207,3 +207,28 @@ def validate_evaluation(
         isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0,
         f"evaluation.seed must be an integer >= 0, got {seed!r}",
     )
+
+
+def check_prompt_lengths(datamodule: Any, tokenizer: Any, context: int | None, max_new_tokens: int) -> None:
+    """Every prompt of the data module's splits, tokenised as sampling tokenises it, fits the policy's context with
+    ``max_new_tokens`` (``sampler.prompt_overflow: error``): checked at fit start, where a data module lists its
+    prompts (``prompt_chunks``), so that one over-long row among thousands does not end a run when it is drawn."""
+    chunks = getattr(datamodule, "prompt_chunks", None)
+    if context is None or not callable(chunks):
+        return
+    for split in ("train", "eval"):
+        first, count = None, 0
+        for start, prompts in chunks(split):
+            lengths = encode_prompts(tokenizer, prompts, "cpu")[1].sum(-1).tolist()  # [P] prompt tokens
+            over = [(start + row, n, prompts[row]) for row, n in enumerate(lengths) if n + max_new_tokens > context]
+            first, count = first or (over[0] if over else None), count + len(over)
+        if first is not None:
+            where = datamodule.describe_split(split) if hasattr(datamodule, "describe_split") else repr(split)
+            text = str(first[2])
+            raise SettingError(
+                f"row {first[0]} (counting from 0) of {where}, the prompt {text[:40] + '...' * (len(text) > 40)!r}, "
+                f"has {first[1]} tokens: with "
+                f"sampler.max_new_tokens={max_new_tokens} it needs {first[1] + max_new_tokens} > the policy's context "
+                f"length {context} ({count} prompt(s) of the split do); set sampler.prompt_overflow to 'truncate' or "
+                f"'skip' (allowed: {list(PROMPT_OVERFLOWS)}), shorten those prompts or lower sampler.max_new_tokens"
+            )

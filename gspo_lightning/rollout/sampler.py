@@ -37,6 +37,7 @@ from gspo_lightning.rollout.checks import (
     check_chat_template,
     check_data_columns,
     check_module_agrees,
+    check_prompt_lengths,
     check_rollout_correction,
     check_rollout_shape,
     check_routing_replay,
@@ -52,7 +53,7 @@ from gspo_lightning.rollout.dynamic_sampling import (
     with_advantages,
 )
 from gspo_lightning.rollout.minibatches import check_divisible, split_minibatches
-from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, repeat_each, sample_and_score
+from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length, repeat_each, sample_and_score
 from gspo_lightning.rollout.state import (
     evaluation_seed,
     gather_per_rank,
@@ -209,6 +210,9 @@ class GroupSampler(Callback):
                 )
         check_chat_template(trainer.datamodule, pl_module.tokenizer)  # a tokenizer built in configure_model
         check_module_agrees(pl_module, self.settings.temperature, self.settings.max_new_tokens)
+        if self.prompt_overflow == "error":
+            context = context_length(pl_module.policy, pl_module.tokenizer)
+            check_prompt_lengths(trainer.datamodule, pl_module.tokenizer, context, self.settings.max_new_tokens)
         for reward in self.rewards:  # e.g. LengthPenalty counts the policy's tokens
             if callable(getattr(reward, "setup", None)):
                 reward.setup(pl_module.tokenizer)

@@ -9,7 +9,8 @@ import pytest
 
 from gspo_lightning.models import CountdownWarmStartedTinyQwen3, TinyQwen3
 from gspo_lightning.models.countdown_warm_start import COUNTDOWN_ALPHABET
-from gspo_lightning.models.warm_start import REPORT_FILE, training_batch
+from gspo_lightning.models.cache import REPORT_FILE
+from gspo_lightning.models.supervised import training_batch
 
 
 def tiny_base(**overrides) -> TinyQwen3:

@@ -7,7 +7,7 @@ import pytest
 from gspo_lightning.data import ScratchpadAdditionTask
 from gspo_lightning.data.scratchpad import SCRATCHPAD_ALPHABET, scratchpad_length
 from gspo_lightning.models import ScratchpadWarmStartedTinyQwen3, TinyQwen3
-from gspo_lightning.models.warm_start import evaluate_accuracy, training_batch
+from gspo_lightning.models.supervised import evaluate_accuracy, training_batch
 
 
 def test_the_default_model_has_room_for_the_prompt_the_longest_response_and_eos():

@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from gspo_lightning.models import WARM_START_VERSION, TinyQwen3, WarmStartedTinyQwen3, warm_start
-from gspo_lightning.models.warm_start import REPORT_FILE, training_batch
+from gspo_lightning.models.cache import REPORT_FILE
+from gspo_lightning.models.supervised import training_batch
 
 
 def tiny(tmp_path: Path, **overrides: Any) -> WarmStartedTinyQwen3:

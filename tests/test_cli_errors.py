@@ -1,0 +1,119 @@
+"""Every user mistake ends ``python -m gspo_lightning fit`` with one line naming the setting, a non-zero exit and no
+traceback: typos (with "did you mean"), settings that moved, values a class refuses, data that cannot be read."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gspo_lightning.cli import command_line
+from gspo_lightning.cli_errors import MOVED_SETTINGS
+from tests.conftest import TINY
+from tests.test_cli import ROOT
+
+QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+TINY_POLICY = f"--model.init_args.policy={json.dumps({'class_path': 'gspo_lightning.models.TinyQwen3', 'init_args': TINY})}"
+
+
+def _loaded_from(name: str) -> str:
+    return (
+        "--data.init_args.source="
+        + json.dumps({"class_path": "gspo_lightning.data.LoadDataset", "init_args": {"path": name, "eval_size": 2}})
+    )
+
+
+MISTAKES = [
+    (["--sampler.group_sise=4"], 2,
+     "unknown setting sampler.group_sise (gspo_lightning.rollout.sampler.GroupSampler); did you mean group_size?"),
+    (["--seed_everyting=3"], 2, "unknown setting seed_everyting; did you mean seed_everything?"),
+    (["--trainer.max_steps=abc"], 2, "trainer.max_steps: expected int, got 'abc'"),
+    (["--model.init_args.lr=1e-4"], 2,
+     "model.init_args.lr has moved: set optimizer.init_args.lr (optimizer: {class_path: torch.optim.AdamW, init_args: "
+     "{lr: ...}}) instead (see CHANGELOG.md)"),
+    (["--optimizer.init_args.lr=-1"], 1,
+     "optimizer.init_args.lr: Invalid learning rate: -1.0 (refused by the optimizer when built)"),
+    (["--optimizer.init_args.betas=[1.5, 0.9]"], 1,
+     "optimizer.init_args.betas: Invalid beta parameter at index 0: 1.5 (refused by the optimizer when built)"),
+    (["--sampler.num_minibatches=3"], 1,
+     "sampler.num_minibatches=3 must divide the rollout batch of 128 responses (data.prompts_per_rollout x "
+     "sampler.group_size); allowed: [1, 2, 4, 8, 16, 32, 64, 128]"),
+    (["--model.init_args.policy=gspo_lightning.models.Pretrained",
+      "--model.init_args.policy.init_args.name_or_path=/nonexistent/model"], 1,
+     "Pretrained.name_or_path='/nonexistent/model': no such directory (a local save_pretrained directory, or a hub "
+     "name such as 'Qwen/Qwen3-0.6B')"),
+    ([TINY_POLICY, _loaded_from("missing.jsonl")], 1,
+     "data file 'missing.jsonl' does not exist (data.init_args.source.init_args.path)"),
+    ([TINY_POLICY, _loaded_from("empty.jsonl")], 1, "data file 'empty.jsonl' has no rows"),
+    ([TINY_POLICY, _loaded_from("questions.jsonl")], 1,
+     "sampler.rewards: ExactAnswer reads the column(s) ['answer'], which the 'train' split of 'questions.jsonl' does "
+     "not have; available columns: ['question'] (set the reward's column option, or use another data set)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("arguments", "status", "line"), MISTAKES, ids=[m[2][:40] for m in MISTAKES])
+def test_a_mistake_is_one_line_naming_the_setting(arguments, status, line, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "questions.jsonl").write_text("".join(json.dumps({"question": f"{i}+1"}) + "\n" for i in range(40)))
+    monkeypatch.setattr(sys, "argv", ["gspo_lightning", "fit", "-c", QUICKSTART, *arguments, "--trainer.max_steps=1"])
+    monkeypatch.delenv("GSPO_LIGHTNING_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        command_line()
+    assert exit_.value.code == status
+    errors = [text for text in capsys.readouterr().err.splitlines() if text.startswith("error:")]
+    assert errors == [f"error: {line}"]
+
+
+def test_a_key_of_a_yaml_file_written_for_an_earlier_release_names_where_it_moved(tmp_path, monkeypatch, capsys):
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  init_args:\n    warmup_steps: 10\n")
+    monkeypatch.setattr(sys, "argv", ["gspo_lightning", "fit", "-c", QUICKSTART, "-c", str(old)])
+    with pytest.raises(SystemExit):
+        command_line()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: model.init_args.warmup_steps has moved: set {MOVED_SETTINGS['model.init_args.warmup_steps']} instead "
+        "(see CHANGELOG.md)"
+    )
+
+
+def test_a_typo_inside_a_nested_class_is_matched_against_that_class(tmp_path, monkeypatch, capsys):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model:\n  init_args:\n    policy:\n      init_args:\n        num_digitz: 3\n")
+    monkeypatch.setattr(sys, "argv", ["gspo_lightning", "fit", "-c", QUICKSTART, "-c", str(typo)])
+    with pytest.raises(SystemExit):
+        command_line()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: unknown setting model.init_args.policy.init_args.num_digitz "
+        "(gspo_lightning.models.warm_start.WarmStartedTinyQwen3); did you mean num_digits?"
+    )
+
+
+def test_through_python_dash_m_the_mistake_is_the_only_thing_on_stderr(tmp_path):
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    environment.pop("GSPO_LIGHTNING_TRACEBACK", None)
+    command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", QUICKSTART, "--sampler.group_sise=4"]
+    result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: unknown setting sampler.group_sise (gspo_lightning.rollout.sampler.GroupSampler); did you mean "
+        "group_size?"
+    ]
+
+
+def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
+    """Only mistakes in what the user wrote are shortened: an error of the code itself propagates."""
+    from gspo_lightning.rollout import GroupSampler
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(GroupSampler, "on_train_batch_start", broken)
+    monkeypatch.setattr(sys, "argv", ["gspo_lightning", "fit", "-c", QUICKSTART, TINY_POLICY, "--trainer.max_steps=1",
+                                      "--trainer.enable_progress_bar=false"])  # fmt: skip
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        command_line()
