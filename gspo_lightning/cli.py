@@ -6,6 +6,7 @@ import copy
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +109,9 @@ class GSPOCLI(LightningCLI):
         """Checks of linked and combined settings before anything is built, each naming the setting as written."""
         try:
             config = self.config[self.subcommand] if self.subcommand else self.config
-            if self.subcommand == "fit":
-                resolve_resume(config)  # --ckpt_path last: this run's newest last.ckpt, logged in its folder
+            if self.subcommand == "fit" and resolve_resume(config):  # last: the run's newest last.ckpt, in its folder
+                # the resumed run's own checkpoints are there, as they should be
+                warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
             if self.subcommand and config.get("ckpt_path"):
                 config.model = self._command_line_config[self.subcommand].model
             sampler = config.sampler

@@ -110,3 +110,32 @@ def test_two_ranks_each_sample_with_their_own_engine_from_the_gathered_weights(t
     first = [r for r in _rows(tmp_path / "runs/vllm/version_0") if r.get("drift/kl_old_theta_mb0") not in (None, "", "nan")]
     assert [int(r["step"]) for r in first] == [0, 4]
     assert max(float(r["diag/abs_log_seq_ratio_p95"]) for r in first) < 1e-3
+
+
+def test_prompts_sharing_a_prefix_of_several_kv_blocks_are_sampled_from_the_synced_weights(tmp_path):
+    """Every round after a weight sync: the engine's log-probs of what it sampled are the trainer's pi_old (both
+    float32), also when every prompt shares a prefix of three KV blocks (a system prompt, few-shot examples) that
+    the engine cached under the old weights. Before the prefix cache was reset at each sync, ``mismatch/kl`` was
+    ~1e-13 in round 0 and 5e-3 to 5e-2 in every round after."""
+    config = composed_config(ROOT / "configs/quickstart.yaml")
+    config["trainer"].update(max_steps=24, enable_progress_bar=False)
+    config["trainer"]["logger"]["init_args"] = {"save_dir": str(tmp_path / "runs"), "name": "prefix", "version": 0}
+    tiny = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 128,
+            "max_position_embeddings": 512}  # fmt: skip
+    config["model"]["init_args"]["policy"] = {"class_path": "gspo_lightning.models.TinyQwen3", "init_args": tiny}
+    config["optimizer"] = {"init_args": {"lr": 1.0e-2}}  # large steps: stale blocks would show at once
+    prefix = ("12+34=46 " * 60)[:400]  # > 3 blocks of 128 tokens (the CPU engine's block size)
+    config["data"]["init_args"].update(prompt_template=prefix + "{question}=", prompts_per_rollout=2)
+    config["data"]["init_args"]["source"]["init_args"]["eval_size"] = 16
+    config["sampler"].update(engine="vllm", old_logprobs="recompute", group_size=4,
+                             rewards=["tests.fault_helpers.length_reward"])  # fmt: skip
+    config["evaluation"].update(every_n_steps=0, at_start=False)
+    path = tmp_path / "prefix.yaml"
+    path.write_text(yaml.safe_dump(config))
+    _fit(path)
+    rows = _rows(tmp_path / "runs/prefix/version_0")
+    kl = [float(row["mismatch/kl"]) for row in rows if row.get("mismatch/kl")]
+    assert len(kl) == 24 and max(kl) < 1e-6, kl
+    assert max(float(row["mismatch/log_ratio_abs_max"]) for row in rows if row.get("mismatch/kl")) < 1e-4
+    losses = {row["train/loss"] for row in rows if row.get("train/loss")}
+    assert len(losses) > 1  # the weights moved between rounds
