@@ -68,28 +68,29 @@ def test_a_mistake_is_one_line_naming_the_setting(arguments, status, line, tmp_p
     assert errors == [f"error: {line}"]
 
 
-def test_a_key_of_a_yaml_file_written_for_an_earlier_release_names_where_it_moved(tmp_path, monkeypatch, capsys):
-    old = tmp_path / "old.yaml"
-    old.write_text("model:\n  init_args:\n    warmup_steps: 10\n")
-    monkeypatch.setattr(sys, "argv", ["gspo_lightning", "fit", "-c", QUICKSTART, "-c", str(old)])
-    with pytest.raises(SystemExit):
-        command_line()
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"error: model.init_args.warmup_steps has moved: set {MOVED_SETTINGS['model.init_args.warmup_steps']} instead "
-        "(see CHANGELOG.md)"
-    )
+YAML_MISTAKES = [
+    # a config written for the previous release
+    ("model:\n  init_args:\n    warmup_steps: 10\n",
+     f"model.init_args.warmup_steps has moved: set {MOVED_SETTINGS['model.init_args.warmup_steps']} instead "
+     "(see CHANGELOG.md)"),
+    # a typo inside a nested class is matched against that class's settings
+    ("model:\n  init_args:\n    policy:\n      init_args:\n        num_digitz: 3\n",
+     "unknown setting model.init_args.policy.init_args.num_digitz "
+     "(gspo_lightning.models.warm_start.WarmStartedTinyQwen3); did you mean num_digits?"),
+    ("sampler:\n  group_sise: 4\n",
+     "unknown setting sampler.group_sise (gspo_lightning.rollout.sampler.GroupSampler); did you mean group_size?"),
+]  # fmt: skip
 
 
-def test_a_typo_inside_a_nested_class_is_matched_against_that_class(tmp_path, monkeypatch, capsys):
-    typo = tmp_path / "typo.yaml"
-    typo.write_text("model:\n  init_args:\n    policy:\n      init_args:\n        num_digitz: 3\n")
-    monkeypatch.setattr(sys, "argv", ["gspo_lightning", "fit", "-c", QUICKSTART, "-c", str(typo)])
-    with pytest.raises(SystemExit):
+@pytest.mark.parametrize(("text", "line"), YAML_MISTAKES, ids=["moved", "nested typo", "typo"])
+def test_a_mistake_in_a_yaml_file_is_one_line_naming_the_key(text, line, tmp_path, monkeypatch, capsys):
+    config = tmp_path / "mine.yaml"
+    config.write_text(text)
+    monkeypatch.setattr(sys, "argv", ["gspo_lightning", "fit", "-c", QUICKSTART, "-c", str(config)])
+    with pytest.raises(SystemExit) as exit_:
         command_line()
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: unknown setting model.init_args.policy.init_args.num_digitz "
-        "(gspo_lightning.models.warm_start.WarmStartedTinyQwen3); did you mean num_digits?"
-    )
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {line}"
 
 
 def test_through_python_dash_m_the_mistake_is_the_only_thing_on_stderr(tmp_path):
