@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import sys
 import time
@@ -17,7 +18,6 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 from gspo_lightning.callbacks import CheckpointOnPreemption, ExportPolicy, LogCompletions, NonFiniteGuard
 from gspo_lightning.cli_errors import describe_argument_error, one_line
@@ -143,7 +143,7 @@ class GSPOCLI(LightningCLI):
         """Lightning's trainer, with rich's progress bar counting optimizer steps when rich is installed."""
         trainer = self.config_init[self.subcommand].trainer if self.subcommand else self.config_init.trainer
         callbacks = trainer.get("callbacks") or []
-        wanted = trainer.get("enable_progress_bar") is not False and _RICH_AVAILABLE
+        wanted = trainer.get("enable_progress_bar") is not False and importlib.util.find_spec("rich") is not None
         if wanted and not any(isinstance(callback, ProgressBar) for callback in callbacks):
             trainer.callbacks = [*callbacks, StepProgressBar()]
         return super().instantiate_trainer(**kwargs)
