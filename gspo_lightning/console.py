@@ -32,7 +32,9 @@ def quiet_library_noise() -> None:
     for message in _LIBRARY_NOTICES:
         warnings.filterwarnings("ignore", message=message)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(_DropAdvertisements())
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, _DropAdvertisements) for existing in logger.filters):
+            logger.addFilter(_DropAdvertisements())
     try:
         from transformers.utils import logging as transformers_logging
 

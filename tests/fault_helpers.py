@@ -8,6 +8,8 @@ import signal
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
+from gspo_lightning.engines import VLLMEngine
+
 
 class KillAtStep(Callback):
     """SIGKILLs its own process at the start of optimizer step ``step``: a crash with no chance to clean up."""
@@ -31,3 +33,10 @@ class TermAtStep(KillAtStep):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class FailingVLLMEngine(VLLMEngine):
+    """vLLM, built and synced as usual, whose first sampling call fails: a run's real error."""
+
+    def sample(self, *args, **kwargs):
+        raise RuntimeError("the engine failed while sampling")

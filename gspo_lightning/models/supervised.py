@@ -5,6 +5,7 @@ at ``target_accuracy``. A progress bar shows the steps, the loss and the accurac
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,7 +63,8 @@ def train_warm_start(
     outcome = "reached" if report["reached_target"] else "stopped at max_steps short of"
     tqdm.write(
         f"warm start: {report['accuracy']:.1%} greedy accuracy after {report['steps']} steps ({report['seconds']:.0f} s), "
-        f"{outcome} the target {loader.target_accuracy:.0%}"
+        f"{outcome} the target {loader.target_accuracy:.0%}",
+        file=sys.stderr,
     )
     return model, report
 
@@ -71,7 +73,9 @@ def train_warm_start(
 def _progress(loader: SupervisedWarmStart, destination: Path | None) -> Iterator[tqdm]:
     """The warm start's bar: steps out of ``max_steps`` (it usually stops earlier, at the target)."""
     where = f"; cached in {destination}" if destination is not None else ""
-    tqdm.write(f"warm start: training the policy until {loader.target_accuracy:.0%} greedy accuracy (once{where})")
+    tqdm.write(
+        f"warm start: training the policy until {loader.target_accuracy:.0%} greedy accuracy (once{where})", file=sys.stderr
+    )
     bar = tqdm(total=loader.max_steps, desc="warm start", unit="step", mininterval=1.0, dynamic_ncols=True)
     try:
         yield bar

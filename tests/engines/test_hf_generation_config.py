@@ -101,3 +101,30 @@ def test_generation_stops_at_the_tokenizers_eos_only(opinionated_checkpoint):
         ended = row.index(eos) if eos in row else len(row)
         continued += sum(1 for j, t in enumerate(row[: ended - 1]) if t == f)  # an "f" with a token after it
     assert continued > 0  # an "f" did not end its response: only the tokenizer's EOS does
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_sampling_warns_about_nothing(opinionated_checkpoint, temperature):
+    """Every ``generate`` call used to log transformers' "Both `min_new_tokens` (=0) and `min_length` (=0) seem to
+    have been set" (18 times in a 40-step quick start): the neutral settings must not contradict each other."""
+    import logging
+    import warnings
+
+    from gspo_lightning.engines import HFEngine
+
+    loader = Pretrained(str(opinionated_checkpoint))  # a checkpoint that sets min_new_tokens itself
+    tokenizer = loader.load_tokenizer()
+    policy = loader.load_model(tokenizer).eval()
+    ids, mask = encode_prompts(tokenizer, ["hello ", "1+1="], "cpu")
+    records: list[logging.LogRecord] = []
+    recorder = logging.Handler(logging.INFO)
+    recorder.emit = records.append
+    logging.getLogger("transformers").addHandler(recorder)  # transformers' loggers do not propagate to the root
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            HFEngine().sample(policy, tokenizer, ids, mask, SamplingSettings(8, temperature=temperature), 2)
+    finally:
+        logging.getLogger("transformers").removeHandler(recorder)
+    assert [record.getMessage() for record in records if record.levelno >= logging.WARNING] == []
+    assert [str(warning.message) for warning in warned] == []

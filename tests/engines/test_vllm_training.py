@@ -139,3 +139,43 @@ def test_prompts_sharing_a_prefix_of_several_kv_blocks_are_sampled_from_the_sync
     assert max(float(row["mismatch/log_ratio_abs_max"]) for row in rows if row.get("mismatch/kl")) < 1e-4
     losses = {row["train/loss"] for row in rows if row.get("train/loss")}
     assert len(losses) > 1  # the weights moved between rounds
+
+
+def test_an_engine_failure_is_the_last_thing_a_user_sees(tmp_path):
+    """vLLM's in-process engine tears torch.distributed down when it shuts down; it used to do so at interpreter
+    exit, after the CLI had closed the process group, and its "ValueError: Invalid process group specified" was
+    printed after (and instead of) the run's real error."""
+    config = composed_config(ROOT / "configs/quickstart.yaml")
+    config["trainer"].update(max_steps=2, enable_progress_bar=False)
+    config["trainer"]["logger"]["init_args"] = {"save_dir": str(tmp_path / "runs"), "name": "failing"}
+    tiny = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 128}
+    config["model"]["init_args"]["policy"] = {"class_path": "gspo_lightning.models.TinyQwen3", "init_args": tiny}
+    config["sampler"]["engine"] = {"class_path": "tests.fault_helpers.FailingVLLMEngine"}
+    path = tmp_path / "failing.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", str(path)]
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_CPU_KVCACHE_SPACE="1")
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=900)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.endswith("RuntimeError: the engine failed while sampling"), result.stderr[-3000:]
+    assert "Invalid process group" not in result.stderr
+
+
+def test_a_head_size_without_a_cpu_kernel_is_refused_when_the_engine_is_set_up(tmp_path):
+    config = composed_config(ROOT / "configs/quickstart.yaml")
+    config["trainer"].update(max_steps=2, enable_progress_bar=False)
+    config["trainer"]["logger"]["init_args"] = {"save_dir": str(tmp_path / "runs"), "name": "heads"}
+    tiny = {"hidden_size": 64, "num_layers": 2}  # 4 heads of 16: vLLM's CPU attention has no such kernel
+    config["model"]["init_args"]["policy"] = {"class_path": "gspo_lightning.models.TinyQwen3", "init_args": tiny}
+    config["sampler"]["engine"] = "vllm"
+    path = tmp_path / "heads.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", str(path)]
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=900)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: sampler.engine: vllm on CPU has no attention kernel for the policy's head size 16 (hidden size 64 / "
+        "4 heads); supported head sizes: [32, 64"
+    ), result.stderr[-2000:]

@@ -214,3 +214,17 @@ def test_an_incomplete_cache_entry_is_trained_again(tmp_path: Path, monkeypatch:
     calls = count_training(monkeypatch)
     loader.load_model(loader.load_tokenizer())
     assert len(calls) == 1 and warm_start.is_complete(path)
+
+
+def test_training_shows_its_progress_and_its_outcome(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A warm start takes minutes on a busy machine: it says what it trains towards, shows its steps and accuracy,
+    and how it ended, instead of nothing."""
+    loader = tiny(tmp_path, max_steps=20)
+    loader.load_model(loader.load_tokenizer())
+    err = capsys.readouterr().err
+    assert f"warm start: training the policy until 100% greedy accuracy (once; cached in {loader.cache_path()})" in err
+    assert "warm start: 100%|" in err and "20/20" in err and "accuracy" in err  # the bar, filled
+    assert "after 20 steps" in err and "stopped at max_steps short of the target 100%" in err
+    capsys.readouterr()
+    loader.load_model(loader.load_tokenizer())  # cached: nothing to show
+    assert "warm start" not in capsys.readouterr().err
