@@ -222,6 +222,10 @@ class GroupSampler(Callback):
         self.reward_runner.close()
         self.engine.teardown()
 
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Lightning skips ``teardown`` when a run fails; an engine left to shut down at exit would bury the error
+        self.teardown(trainer, pl_module, "fit")
+
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch, batch_idx: int
     ) -> None:
