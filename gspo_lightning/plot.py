@@ -217,7 +217,10 @@ def _format_y(axis, panel: Panel, values: list[float]) -> None:
         if len(positive) == len(values):
             axis.set_yscale("log")
         else:  # exact zeros (drift at minibatch 0): a linear stretch up to the smallest values, log above
-            axis.set_yscale("symlog", linthresh=positive[len(positive) // 20], linscale=0.5)
+            low = math.floor(math.log10(positive[len(positive) // 20]))
+            axis.set_yscale("symlog", linthresh=10.0**low, linscale=0.5)
+            # 0, then every decade above the linear stretch: a tick at its edge would overprint the 0
+            axis.set_yticks([0.0] + [10.0**d for d in range(low + 1, math.ceil(math.log10(positive[-1])) + 1)])
     elif panel.percent:
         axis.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=None))
     else:
