@@ -25,13 +25,6 @@ from gspo_lightning.console import StepProgressBar, quiet_library_noise
 from gspo_lightning.data import PromptDataModule
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
-from gspo_lightning.rollout.checks import (
-    check_rollout_correction,
-    check_routing_replay,
-    validate_robustness,
-    validate_sampling_settings,
-)
-from gspo_lightning.rollout.minibatches import check_divisible
 from gspo_lightning.run_dirs import resolve_resume
 from gspo_lightning.validation import SettingError, UserError
 
@@ -93,10 +86,7 @@ class GSPOCLI(LightningCLI):
         parser.link_arguments("optimizer", "model.init_args.optimizer")
         parser.link_arguments("lr_scheduler", "model.init_args.lr_scheduler")
         # Linked, not interpolated: a command-line override of the source reaches every target.
-        parser.link_arguments("sampler.temperature", "model.init_args.temperature")
         parser.link_arguments("sampler.num_minibatches", "data.init_args.minibatches_per_rollout")
-        parser.link_arguments("sampler.max_new_tokens", "evaluation.max_new_tokens")
-        parser.link_arguments("sampler.max_new_tokens", "model.init_args.max_new_tokens")
         parser.link_arguments("sampler.prompt_overflow", "evaluation.prompt_overflow")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
@@ -106,7 +96,8 @@ class GSPOCLI(LightningCLI):
         self._command_line_config = copy.deepcopy(self.config)
 
     def before_instantiate_classes(self) -> None:
-        """Checks of linked and combined settings before anything is built, each naming the setting as written."""
+        """Where ``--ckpt_path last`` points, and a resumed run's module settings as the command line gives them (every
+        other setting is checked by the object it configures, when it is built or set up)."""
         try:
             config = self.config[self.subcommand] if self.subcommand else self.config
             if self.subcommand == "fit" and resolve_resume(config):  # last: the run's newest last.ckpt, in its folder
@@ -114,22 +105,6 @@ class GSPOCLI(LightningCLI):
                 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
             if self.subcommand and config.get("ckpt_path"):
                 config.model = self._command_line_config[self.subcommand].model
-            sampler = config.sampler
-            validate_sampling_settings(
-                sampler.group_size, sampler.num_minibatches, sampler.max_new_tokens, sampler.temperature,
-                sampler.top_p, sampler.top_k,
-            )  # fmt: skip
-            validate_robustness(
-                sampler.reward_timeout_s, sampler.reward_isolation, sampler.reward_errors, sampler.prompt_overflow
-            )
-            model = getattr(config.get("model"), "init_args", None)
-            check_routing_replay(bool(getattr(model, "routing_replay", False)), sampler.old_logprobs)
-            correction = getattr(model, "rollout_correction", None)
-            mode = correction.get("mode", "off") if isinstance(correction, dict) else getattr(correction, "mode", "off")
-            check_rollout_correction(mode, sampler.old_logprobs)
-            prompts = getattr(getattr(config.get("data"), "init_args", None), "prompts_per_rollout", None)
-            if prompts is not None:
-                check_divisible(prompts * sampler.group_size, sampler.num_minibatches)
         except ValueError as error:
             raise ConfigError(one_line(error)) from error
 

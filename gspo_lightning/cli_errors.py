@@ -29,6 +29,9 @@ MOVED_SETTINGS = {
         "sampler.engine.init_args.sampling_dtype "
         "(sampler: {engine: {class_path: gspo_lightning.engines.HFEngine, init_args: {sampling_dtype: ...}}})"
     ),
+    # One setting each for the samples and their log-probs, read by the sampler from the module.
+    "sampler.temperature": "model.init_args.temperature (model: {init_args: {temperature: ...}})",
+    "sampler.max_new_tokens": "model.init_args.max_new_tokens (model: {init_args: {max_new_tokens: ...}})",
 }
 """Settings of earlier releases -> where they are now (CHANGELOG.md says how to update a config)."""
 

@@ -62,13 +62,15 @@ class GSPOModule(pl.LightningModule):
         lr_scheduler: a learning-rate schedule stepped every optimizer step (default: none, a constant rate); from
             the command line ``--lr_scheduler`` (``gspo_lightning.schedules.LinearWarmup``, ``CosineWithWarmup``,
             or any ``torch.optim.lr_scheduler`` class).
-        temperature: temperature of the log-probs; linked to the sampler's sampling temperature by the CLI.
+        temperature: the sampling temperature (> 0), which the sampler reads, and so the temperature of every
+            log-prob: pi_old and pi_theta describe the distribution the responses were drawn from.
         reference_on_cpu: keep the KL reference policy (only built when kl_coef > 0) on the CPU.
         log_entropy: log the policy's mean token entropy on the response tokens (one extra softmax).
         logprob_chunk_size: response tokens per chunk of the LM head when computing log-probs, so the
             [n, R, V] float32 logits never exist; 0 materialises them (the naive path, more memory). pi_old's
             log-probs are computed the same way.
-        max_new_tokens: longest response (linked from the sampler): Dr. GRPO's constant normaliser when the
+        max_new_tokens: longest response (>= 1), which the sampler reads (longer ones are cut and counted as
+            truncated; the held-out evaluation's default too): Dr. GRPO's constant normaliser when the
             objective leaves ``max_tokens`` unset, and the length buckets of the clip diagnostics.
         activation_checkpointing: recompute each decoder layer's activations in backward instead of keeping them
             (less memory, about one more forward of compute), on every strategy (single device, DDP, FSDP1 through
@@ -113,6 +115,7 @@ class GSPOModule(pl.LightningModule):
                 "recomputes its gradients in backward (one more matmul per chunk)"
             )
         require(temperature > 0, f"model.temperature must be > 0, got {temperature}")
+        require(max_new_tokens >= 1, f"model.max_new_tokens must be >= 1, got {max_new_tokens}")
         require(
             logprob_chunk_size >= 0, f"model.logprob_chunk_size must be >= 0 (0: no chunking), got {logprob_chunk_size}"
         )

@@ -13,9 +13,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-RESUME_FIXED = {"policy": "model.policy", "objective": "model.objective", "temperature": "sampler.temperature"}
+RESUME_FIXED = {"policy": "model.policy", "objective": "model.objective", "temperature": "model.temperature"}
 """Module settings a resumed run cannot change (the saved round's pi_old and advantages depend on them), by the
-name a user sets them under (the temperature is the sampler's, linked to the module's)."""
+name a user sets them under."""
 
 
 def check_fixed_settings(saved: dict[str, Any], current: dict[str, Any]) -> None:

@@ -19,8 +19,7 @@ QUICKSTART = str(ROOT / "configs/quickstart.yaml")
         ("--sampler.group_size=1", "sampler.group_size must be >= 2"),
         ("--model.init_args.eps_low=0", r"model.eps_low must be in \(0, 1\) for objective 'gspo', got 0"),
         ("--model.init_args.eps_high=1.5", r"model.eps_high must be in \(0, 1\) for objective 'gspo', got 1.5"),
-        ("--sampler.num_minibatches=3", "sampler.num_minibatches=3 must divide the rollout batch of 128 responses"),
-        ("--sampler.max_new_tokens=0", "sampler.max_new_tokens must be >= 1, got 0"),
+        ("--model.init_args.max_new_tokens=0", "model.max_new_tokens must be >= 1, got 0"),
         ("--model.init_args.objective=ppo", "unknown objective 'ppo'; allowed names: cispo, dapo, dr_grpo, gmpo"),
         ('--model.init_args.objective={"name": "grpo", "options": {"max_tokens": 8}}', r"no option\(s\) \['max_tokens'\]"),
         ("--data.init_args.prompts_per_rollout=0", "data.prompts_per_rollout must be a positive integer"),
@@ -123,11 +122,11 @@ def test_one_over_long_prompt_among_hundreds_fails_at_fit_start_naming_its_row(t
     monkeypatch.setattr(HFEngine, "sample", lambda *args, **kwargs: sampled.append(1))
     source = {"class_path": "gspo_lightning.data.LoadDataset", "init_args": {"path": "data.jsonl", "eval_size": 8}}
     policy = {"class_path": "gspo_lightning.models.TinyQwen3", "init_args": TINY}
-    args = ["fit", "-c", QUICKSTART, f"--data.init_args.source={json.dumps(source)}", "--sampler.max_new_tokens=5",
+    args = ["fit", "-c", QUICKSTART, f"--data.init_args.source={json.dumps(source)}", "--model.init_args.max_new_tokens=5",
             f"--model.init_args.policy={json.dumps(policy)}", "--trainer.max_steps=1"]  # fmt: skip
     with pytest.raises(ValueError, match=r"row \d+ \(counting from 0\) of the 'train' split of 'data.jsonl', the prompt "
                                          r"'1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+1\+...', has 82 tokens: "
-                                         r"with sampler.max_new_tokens=5 it needs 87 > the policy's "
+                                         r"with model.max_new_tokens=5 it needs 87 > the policy's "
                                          r"context length 64 \(1 prompt\(s\) of the split do\)"):  # fmt: skip
         main(args)
     assert sampled == []  # nothing was sampled: the check ran at fit start

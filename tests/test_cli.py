@@ -19,6 +19,7 @@ from gspo_lightning.data.formatting import template_fields
 from gspo_lightning.data.sample_data import available_samples, sample_path
 from gspo_lightning.models import TinyQwen3
 from gspo_lightning.module import GSPOModule
+from gspo_lightning.rollout import HeldOutEvaluation
 from tests.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,17 +133,31 @@ def test_the_default_optimizer_is_the_modules(tmp_path, monkeypatch):
 
 def test_links_carry_command_line_overrides(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = ["-c", str(ROOT / "configs/quickstart.yaml"), "--sampler.num_minibatches=2", "--sampler.temperature=0.7"]
+    args = ["-c", str(ROOT / "configs/quickstart.yaml"), "--sampler.num_minibatches=2", "--sampler.prompt_overflow=skip"]
     cli = main(args, run=False)
     assert cli.datamodule.minibatches_per_rollout == 2
-    assert cli.model.hparams.temperature == 0.7
-    assert cli.model.hparams.max_new_tokens == cli.config["sampler"]["max_new_tokens"]
+    assert _evaluation(cli).prompt_overflow == "skip"
 
 
-def test_minibatches_that_do_not_divide_the_rollout_fail_before_anything_is_built(tmp_path, monkeypatch):
+def _evaluation(cli) -> HeldOutEvaluation:
+    return next(c for c in cli.trainer.callbacks if isinstance(c, HeldOutEvaluation))
+
+
+def test_the_samples_temperature_and_budget_are_one_setting_each_the_modules(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    args = ["-c", str(ROOT / "configs/quickstart.yaml"), "--model.init_args.temperature=0.7"]
+    cli = main(args + ["--model.init_args.max_new_tokens=6"], run=False)
+    assert (cli.model.temperature, cli.model.max_new_tokens) == (0.7, 6)
+    assert _evaluation(cli).sampling_settings(cli.model).max_new_tokens == 6  # the held-out budget follows
+
+
+def test_minibatches_that_do_not_divide_the_rollout_fail_before_the_policy_is_built(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    built = []
+    monkeypatch.setattr(GSPOModule, "configure_model", lambda self: built.append(1))
     with pytest.raises(ValueError, match=r"sampler.num_minibatches=3 must divide the rollout batch of 128 responses .*; allowed: \[1, 2, 4, 8, 16, 32, 64, 128\]"):
-        main(["-c", str(ROOT / "configs/quickstart.yaml"), "--sampler.num_minibatches=3"], run=False)
+        main(["fit", "-c", str(ROOT / "configs/quickstart.yaml"), "--sampler.num_minibatches=3"])
+    assert built == []
 
 
 def tiny_run_config(
@@ -167,7 +182,8 @@ def tiny_run_config(
     data = config["data"]["init_args"]
     data["source"]["init_args"].update(train_size=64, eval_size=16)
     data["prompts_per_rollout"] = 4
-    config["sampler"].update(group_size=4, max_new_tokens=5)
+    config["sampler"].update(group_size=4)
+    model["max_new_tokens"] = 5
     config["evaluation"]["every_n_steps"] = 4
     for section, values in (extra or {}).items():
         for key, value in values.items():

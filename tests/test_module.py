@@ -6,6 +6,7 @@ from gspo_lightning.module import GSPOModule
 from gspo_lightning.objectives import ObjectiveSpec
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout.minibatches import split_minibatches
+from gspo_lightning.rollout.round import RoundModel
 from gspo_lightning.rollout.sampler import GroupSampler
 from gspo_lightning.rollout.types import PromptBatch
 from tests.conftest import TINY
@@ -45,10 +46,11 @@ def _fresh_rollout(module: GSPOModule):
     """The module set up for fitting, a one-minibatch prompt batch and its freshly sampled rollout."""
     module.configure_model()
     module.on_fit_start()
-    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=1, max_new_tokens=4)
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=1)
     batch = PromptBatch(["1+1=", "2+2="], {"answer": ["2", "4"]}, num_minibatches=1)
     torch.manual_seed(0)
-    return batch, sampler.sample(module, batch.prompts, batch.columns)
+    short = RoundModel(module.policy, module.tokenizer, module.temperature, max_new_tokens=4)
+    return batch, sampler.sample(short, batch.prompts, batch.columns)
 
 
 def _first_step(module: GSPOModule) -> dict:
@@ -158,7 +160,7 @@ def test_under_bf16_true_the_kl_reference_runs_in_the_policys_dtype(tmp_path):
     module = GSPOModule(TinyQwen3(**TINY), objective=spec, max_new_tokens=4)
     data = PromptDataModule(ArithmeticTask(train_size=32, eval_size=4), "{question}=", prompts_per_rollout=2,
                             minibatches_per_rollout=1)  # fmt: skip
-    sampler = GroupSampler(rewards=[length_reward], group_size=2, num_minibatches=1, max_new_tokens=4)
+    sampler = GroupSampler(rewards=[length_reward], group_size=2, num_minibatches=1)
     trainer = pl.Trainer(
         max_steps=1, accelerator="cpu", precision="bf16-true", logger=False, enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[sampler],
@@ -231,7 +233,7 @@ def test_a_rollout_correction_reweights_the_objective_and_logs_the_mismatch():
     module.on_fit_start()
     assert module.needs_engine_logprobs
     # a bfloat16 sampling pass stands in for an engine whose log-probs differ from the trainer's
-    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=1, max_new_tokens=4,
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=1,
                            engine=HFEngine(sampling_dtype="bfloat16"))  # fmt: skip
     batch = PromptBatch(["1+1=", "2+2="], {"answer": ["2", "4"]}, num_minibatches=1)
     torch.manual_seed(0)

@@ -34,7 +34,7 @@ def _resume(config: Path, checkpoint: Path, *overrides: str) -> None:
     [
         ("--model.init_args.objective=grpo", r"cannot resume with a changed model.objective \(checkpoint 'gspo', now 'grpo'\)"),
         ("--model.init_args.policy.init_args.hidden_size=64", r"cannot resume with a changed model.policy"),
-        ("--sampler.temperature=0.7", r"cannot resume with a changed sampler.temperature \(checkpoint 1.0, now 0.7\)"),
+        ("--model.init_args.temperature=0.7", r"cannot resume with a changed model.temperature \(checkpoint 1.0, now 0.7\)"),
         ("--sampler.group_size=2", r"cannot resume with a changed sampler.group_size \(checkpoint 4, now 2\)"),
         ("--data.init_args.prompts_per_rollout=8", r"settings that decide which prompts come next changed: prompts_per_rollout \(saved 4, now 8\)"),
     ],

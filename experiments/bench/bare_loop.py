@@ -158,7 +158,7 @@ def build(config: dict[str, Any], policy_spec: dict[str, Any] | None = None) -> 
     scheduler = instantiate(config["lr_scheduler"], optimizer) if config.get("lr_scheduler") else None
     objective = resolve_objective(model["objective"])
     low, high = objective.objective.clip_range
-    settings = SamplingSettings(sampler["max_new_tokens"], sampler["temperature"], sampler["top_p"], sampler["top_k"])
+    settings = SamplingSettings(model["max_new_tokens"], model["temperature"], sampler["top_p"], sampler["top_k"])
     rewards = [instantiate(spec) for spec in sampler["rewards"]]
     return BareRun(
         policy=policy,

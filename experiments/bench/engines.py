@@ -135,8 +135,7 @@ def step_worker(args: dict) -> dict:
 
     engine.sample = timed_sample
     k = 4
-    sampler = GroupSampler(rewards=[length_reward], group_size=args["group"], num_minibatches=k,
-                           max_new_tokens=args["max_new"], engine=engine, old_logprobs="engine")  # fmt: skip
+    sampler = GroupSampler(rewards=[length_reward], group_size=args["group"], num_minibatches=k, engine=engine, old_logprobs="engine")  # fmt: skip
     data = PromptDataModule(ArithmeticTask(num_digits=5, train_size=512, eval_size=8), "{question}=",
                             prompts_per_rollout=args["prompts"], minibatches_per_rollout=k)  # fmt: skip
     timer = StepTimer()

@@ -41,7 +41,7 @@ def overrides(point: dict[str, int], warmup_steps: int, steps: int, output: Path
     return [
         f"--model.init_args.policy={json.dumps(policy)}",
         f"--sampler.group_size={point['group_size']}",
-        f"--sampler.max_new_tokens={point['max_new_tokens']}",
+        f"--model.init_args.max_new_tokens={point['max_new_tokens']}",
         f"--trainer.max_steps={warmup_steps + steps}",
         "--evaluation.at_start=false",
         "--evaluation.at_end=false",

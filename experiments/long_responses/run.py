@@ -52,7 +52,7 @@ def length_flags(digits: int, steps: int) -> list[str]:
         f"--model.init_args.policy.init_args.num_digits={digits}",
         f"--data.init_args.source.init_args.num_digits={digits}",
         f"--model.init_args.policy.init_args.target_accuracy={TARGET_ACCURACY}",
-        f"--sampler.max_new_tokens={scratchpad_length(digits) + 2}",
+        f"--model.init_args.max_new_tokens={scratchpad_length(digits) + 2}",
         f"--trainer.max_steps={steps}",
         f"--evaluation.every_n_steps={max(1, steps // 8)}",
         *EVALUATION,

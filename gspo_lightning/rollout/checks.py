@@ -20,29 +20,17 @@ def validate_sampling(
     reward_weights: Sequence[float] | None,
     group_size: int,
     num_minibatches: int,
-    max_new_tokens: int,
-    temperature: float,
     top_p: float,
     top_k: int,
 ) -> None:
-    """Rewards, group size, K and the sampling settings."""
+    """Rewards, group size, K and the sampler's untruncated sampling."""
     require(len(rewards) > 0, "sampler.rewards must name at least one reward function")
     require(
         reward_weights is None or len(reward_weights) == len(rewards),
         f"sampler.reward_weights has {len(reward_weights or [])} values for {len(rewards)} rewards",
     )
-    validate_sampling_settings(group_size, num_minibatches, max_new_tokens, temperature, top_p, top_k)
-
-
-def validate_sampling_settings(
-    group_size: int, num_minibatches: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int
-) -> None:
-    """The sampler's numbers, some of them linked to the module's and the data module's settings: the CLI checks
-    them before anything is built, so that an error names the setting the user wrote."""
     require(group_size >= 2, f"sampler.group_size must be >= 2 (advantages compare a group), got {group_size}")
     require(num_minibatches >= 1, f"sampler.num_minibatches must be >= 1, got {num_minibatches}")
-    require(max_new_tokens >= 1, f"sampler.max_new_tokens must be >= 1, got {max_new_tokens}")
-    require(temperature > 0, f"sampler.temperature must be > 0, got {temperature}")
     # pi_old and pi_theta are softmax(logits / temperature) over the whole vocabulary (logprobs.py): samples
     # from a truncated distribution would not come from the policy the ratios describe (a biased gradient).
     untruncated = "the log-probs of pi_old and pi_theta are those of softmax(logits / temperature) over the whole "
@@ -118,28 +106,6 @@ def check_chat_template(datamodule: Any, tokenizer: Any) -> None:
         )
 
 
-def check_module_agrees(module: Any, temperature: float, max_new_tokens: int) -> None:
-    """The module's log-probs are those of the distribution sampled: the same temperature (a different one gives
-    ratios != 1 and clipping on a round's first minibatch, e.g. 0.986 and 57%), and the same response budget."""
-    if getattr(module, "temperature", None) is None:
-        raise AttributeError(
-            "GroupSampler needs the LightningModule to expose `temperature`, the temperature of its log-probs "
-            f"(see the sampler's contract), so it can be checked against sampler.temperature={temperature}"
-        )
-    require(
-        module.temperature == temperature,
-        f"sampler.temperature={temperature} but the module computes log-probs at temperature={module.temperature} "
-        "(model.temperature): they must be equal, or pi_old and pi_theta describe another distribution than the "
-        "one sampled (the CLI links them)",
-    )
-    budget = getattr(module, "max_new_tokens", None)
-    require(
-        budget is None or budget == max_new_tokens,
-        f"sampler.max_new_tokens={max_new_tokens} but the module has max_new_tokens={budget} (model.max_new_tokens): "
-        "they must be equal (the CLI links them)",
-    )
-
-
 def check_rollout_correction(correction_mode: str, old_logprobs: str) -> None:
     """A rollout correction compares the trainer's pi_old with the engine's log-probs: pi_old must be recomputed."""
     require(
@@ -162,7 +128,7 @@ def validate_old_logprobs(old_logprobs: str) -> None:
 
 def validate_evaluation(
     every_n_steps: int,
-    max_new_tokens: int,
+    max_new_tokens: int | None,
     prompt_overflow: str,
     samples_per_prompt: int,
     temperature: float,
@@ -174,7 +140,10 @@ def validate_evaluation(
 ) -> None:
     """Every ``evaluation.*`` setting, checked before any model is built; each message names the setting."""
     require(every_n_steps >= 0, f"evaluation.every_n_steps must be >= 0 (0 disables it), got {every_n_steps}")
-    require(max_new_tokens >= 1, f"evaluation.max_new_tokens must be >= 1, got {max_new_tokens}")
+    require(
+        max_new_tokens is None or max_new_tokens >= 1,
+        f"evaluation.max_new_tokens must be >= 1 or null (the module's), got {max_new_tokens}",
+    )
     require(
         prompt_overflow in PROMPT_OVERFLOWS,
         f"evaluation.prompt_overflow must be one of {list(PROMPT_OVERFLOWS)}, got {prompt_overflow!r}",
@@ -228,7 +197,7 @@ def check_prompt_lengths(datamodule: Any, tokenizer: Any, context: int | None, m
             raise SettingError(
                 f"row {first[0]} (counting from 0) of {where}, the prompt {text[:40] + '...' * (len(text) > 40)!r}, "
                 f"has {first[1]} tokens: with "
-                f"sampler.max_new_tokens={max_new_tokens} it needs {first[1] + max_new_tokens} > the policy's context "
+                f"model.max_new_tokens={max_new_tokens} it needs {first[1] + max_new_tokens} > the policy's context "
                 f"length {context} ({count} prompt(s) of the split do); set sampler.prompt_overflow to 'truncate' or "
-                f"'skip' (allowed: {list(PROMPT_OVERFLOWS)}), shorten those prompts or lower sampler.max_new_tokens"
+                f"'skip' (allowed: {list(PROMPT_OVERFLOWS)}), shorten those prompts or lower model.max_new_tokens"
             )

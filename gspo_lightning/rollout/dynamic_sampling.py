@@ -14,8 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gspo_lightning.objectives import AdvantageScale
-from gspo_lightning.objectives.advantages import advantages_with_skips, skipped_responses
 from gspo_lightning.rollout.types import Rollout
 
 # Rollout fields by how they are padded when rollouts of different widths are joined.
@@ -76,10 +74,3 @@ def choose_groups(informative: Tensor, wanted: int) -> Tensor:
     uninformative ones (advantages 0: they keep the batch's shape and teach nothing)."""
     order = torch.cat([informative.nonzero().flatten(), (~informative).nonzero().flatten()])  # [P_total]
     return order[:wanted]
-
-
-def with_advantages(rollout: Rollout, group_size: int, scale: AdvantageScale) -> Rollout:
-    """The rollout's advantages (Eq. 6) recomputed over its own groups (the batch std depends on which)."""
-    skipped = skipped_responses(rollout.rewards, rollout.prompt_skipped, group_size)  # [N]
-    advantages = advantages_with_skips(rollout.rewards, skipped, group_size, scale)  # [N]
-    return replace(rollout, advantages=advantages.to(rollout.advantages.device))

@@ -17,6 +17,7 @@ from gspo_lightning.metrics import PassAtK
 from gspo_lightning.rollout.checks import check_data_columns, validate_evaluation
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, sample_and_score
 from gspo_lightning.rollout.sampler import GroupSampler
+from gspo_lightning.validation import SettingError
 from gspo_lightning.rollout.state import evaluation_seed, isolated_rng
 from gspo_lightning.rollout.types import PromptBatch
 from gspo_lightning.strategies import inference_context, parameters_are_sharded
@@ -41,7 +42,8 @@ class HeldOutEvaluation(Callback):
         every_n_steps: also evaluate every n optimizer steps (0: only at the start and the end).
         at_start: evaluate before the first update (step 0).
         at_end: evaluate after the last update.
-        max_new_tokens: longest response.
+        max_new_tokens: longest held-out response (null, the default: the module's ``model.max_new_tokens``, the
+            training responses' budget).
         prompt_overflow: a prompt whose tokens plus ``max_new_tokens`` exceed the policy's context: ``error``
             stops, ``truncate`` keeps its last tokens (as the sampler does), ``skip`` truncates it and leaves it
             out of the metrics.
@@ -66,7 +68,7 @@ class HeldOutEvaluation(Callback):
         every_n_steps: int = 0,
         at_start: bool = True,
         at_end: bool = True,
-        max_new_tokens: int = 256,
+        max_new_tokens: int | None = None,
         prompt_overflow: PromptOverflow = "error",
         samples_per_prompt: int = 1,
         temperature: float = 1.0,
@@ -98,12 +100,8 @@ class HeldOutEvaluation(Callback):
         self.pass_k = tuple(pass_k)
         self.solved_at = solved_at
         self.seed = seed
-        sampled = samples_per_prompt > 1
-        self.settings = (
-            SamplingSettings(max_new_tokens, temperature, top_p, top_k)
-            if sampled
-            else SamplingSettings(max_new_tokens=max_new_tokens, temperature=0.0)
-        )
+        self.max_new_tokens = max_new_tokens
+        self.sampling = (temperature, top_p, top_k)
         self.history: list[tuple[int, float]] = []
         """(global step, accuracy) of every evaluation so far, resumed runs included."""
         self.engine = None if engine is None else resolve_engine(engine, "evaluation.engine")
@@ -115,8 +113,17 @@ class HeldOutEvaluation(Callback):
         if self.samples_per_prompt == 1:
             return "held-out greedy accuracy"
         return (
-            f"held-out pass@1 ({self.samples_per_prompt} samples per prompt, temperature {self.settings.temperature})"
+            f"held-out pass@1 ({self.samples_per_prompt} samples per prompt, temperature {self.sampling[0]})"
         )
+
+    def sampling_settings(self, pl_module: pl.LightningModule) -> SamplingSettings:
+        """Greedy (``samples_per_prompt`` 1) or sampled, up to ``max_new_tokens`` (else the module's)."""
+        budget = self.max_new_tokens if self.max_new_tokens is not None else getattr(pl_module, "max_new_tokens", None)
+        if budget is None:
+            raise SettingError("evaluation.max_new_tokens is null and the LightningModule has no max_new_tokens: set one")
+        if self.samples_per_prompt == 1:
+            return SamplingSettings(max_new_tokens=budget, temperature=0.0)
+        return SamplingSettings(budget, *self.sampling)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # after the data module's setup, before configure_model builds the policy
@@ -197,7 +204,7 @@ class HeldOutEvaluation(Callback):
             pl_module.tokenizer,
             batch.prompts,
             batch.columns,
-            self.settings,
+            self.sampling_settings(pl_module),
             n,
             Scoring([self.correct], [1.0]),
             device=pl_module.device,

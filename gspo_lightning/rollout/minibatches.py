@@ -1,4 +1,4 @@
-"""Splitting a rollout batch into K minibatches and recording the old policy's log-probs.
+"""Recording the old policy's log-probs over a rollout batch and assembling its K minibatches.
 
 pi_old is not a second copy of the weights: it is what the sampling policy said about each sampled token,
 computed here, right after sampling and before any update, with the same function and on the same tensors
@@ -6,6 +6,9 @@ that ``training_step`` will use. On the first minibatch of a round the ratio is 
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -40,8 +43,30 @@ def _trimmed_rows(rollout: Rollout, rows: slice) -> tuple[Tensor, Tensor, Tensor
     return input_ids, attention_mask, response_ids, response_mask
 
 
+@dataclass
+class PolicyPass:
+    """One minibatch's rows after the old-policy pass: a ``Minibatch`` before its advantages and rewards.
+
+    Shapes as in ``Minibatch`` (trimmed to these n rows): input_ids / attention_mask [n, L], response_ids /
+    response_mask [n, R] (empty for a truncated response under ``mask_truncated``), old_logprobs [n, R] float32,
+    ref_logprobs [n, R] or None, old_routes [n, layers, L, k] or None, engine_logprobs [n, R] or None.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    old_logprobs: Tensor
+    ref_logprobs: Tensor | None = None
+    old_routes: Tensor | None = None
+    engine_logprobs: Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
 @torch.no_grad()
-def split_minibatches(
+def policy_passes(
     rollout: Rollout,
     num_minibatches: int,
     policy: nn.Module,
@@ -50,56 +75,67 @@ def split_minibatches(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     old_from_engine: bool = False,
     mask_truncated: bool = False,
-) -> list[Minibatch]:
-    """Cut the rollout into K contiguous minibatches and attach pi_old's per-token log-probs to each.
+) -> list[PolicyPass]:
+    """Cut the rollout into K contiguous row blocks and record pi_old's per-token log-probs for each.
 
-    Contiguous rows keep a prompt's G responses together whenever G divides N / K. With ``old_from_engine`` the
-    engine's own log-probs (``rollout.engine_logprobs``) are pi_old; otherwise they are recomputed here and the
-    engine's, when the rollout has them, travel along as ``engine_logprobs`` (mismatch correction). With a ``reference``
-    policy (KL penalty), its log-probs are recorded too, on the reference's own device (it may live on CPU). With
+    Contiguous rows keep a prompt's G responses together whenever G divides N / K; one block at a time bounds
+    the pass's memory by a minibatch. With ``old_from_engine`` the engine's own log-probs
+    (``rollout.engine_logprobs``) are pi_old; otherwise they are recomputed here (MoE policies: with pi_old's
+    experts per token) and the engine's, when the rollout has them, travel along (mismatch correction). With a
+    ``reference`` policy (KL penalty) its log-probs are recorded too, on the reference's own device. With
     ``mask_truncated`` the responses that never reached EOS get an empty response mask (left out of the loss).
     Call it inside the same precision context as ``training_step``.
     """
     check_divisible(len(rollout), num_minibatches)
     size = len(rollout) // num_minibatches
-    minibatches = []
+    passes = []
     for k in range(num_minibatches):
         rows = slice(k * size, (k + 1) * size)
         input_ids, attention_mask, response_ids, response_mask = _trimmed_rows(rollout, rows)
-        engine = None if rollout.engine_logprobs is None else rollout.engine_logprobs[rows, : response_ids.shape[1]]
+        width = response_ids.shape[1]
+        engine = None if rollout.engine_logprobs is None else rollout.engine_logprobs[rows, :width]  # [n, R']
         if old_from_engine:  # pi_old as the engine saw it: no second forward
             if engine is None:
                 raise ValueError("old_from_engine needs the engine's log-probs in the rollout (engine_logprobs)")
             old_logprobs, engine, routes = engine, None, None  # [n, R']
         else:
             with capture_routes(policy, tuple(input_ids.shape)) as routes:  # MoE: pi_old's experts per token
-                old_logprobs = response_logprobs(
-                    policy, input_ids, attention_mask, response_ids.shape[1], temperature, chunk_size
-                )  # [n, R']
-        ref_logprobs = (
-            None
-            if reference is None
-            else _reference_logprobs(
-                reference, input_ids, attention_mask, response_ids.shape[1], temperature, chunk_size
-            )
-        )  # [n, R']
+                old_logprobs = response_logprobs(policy, input_ids, attention_mask, width, temperature, chunk_size)
+        ref_logprobs = None
+        if reference is not None:
+            ref_logprobs = _reference_logprobs(reference, input_ids, attention_mask, width, temperature, chunk_size)
         if mask_truncated:  # after pi_old's forward, which still sees every token
             response_mask = response_mask * ~rollout.truncated[rows, None].to(response_mask.device)  # [n, R']
-        minibatches.append(
-            Minibatch(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                response_ids=response_ids,
-                response_mask=response_mask,
-                old_logprobs=old_logprobs.float(),
-                advantages=rollout.advantages[rows],
-                rewards=rollout.rewards[rows],
-                ref_logprobs=ref_logprobs,
+        passes.append(
+            PolicyPass(
+                input_ids, attention_mask, response_ids, response_mask,
+                old_logprobs=old_logprobs.float(),  # [n, R']
+                ref_logprobs=ref_logprobs,  # [n, R'] or None
                 old_routes=routes.stacked() if routes and routes.indices else None,  # [n, layers, L, k]
                 engine_logprobs=None if engine is None else engine.float(),  # [n, R']
             )
-        )
+        )  # fmt: skip
+    return passes
+
+
+def assemble_minibatches(passes: list[PolicyPass], rollout: Rollout) -> list[Minibatch]:
+    """The K minibatches: each block's pass with its rows' advantages and rewards from ``rollout``."""
+    if rollout.advantages is None:
+        raise ValueError("the rollout's advantages are computed before its minibatches are assembled")
+    minibatches, start = [], 0
+    for part in passes:
+        rows = slice(start, start + len(part))
+        start += len(part)
+        fields_ = {f.name: getattr(part, f.name) for f in fields(part)}
+        minibatches.append(Minibatch(**fields_, advantages=rollout.advantages[rows], rewards=rollout.rewards[rows]))
     return minibatches
+
+
+def split_minibatches(
+    rollout: Rollout, num_minibatches: int, policy: nn.Module, temperature: float = 1.0, **options: Any
+) -> list[Minibatch]:
+    """``policy_passes`` and ``assemble_minibatches`` with the rollout's own advantages (tests, notebooks)."""
+    return assemble_minibatches(policy_passes(rollout, num_minibatches, policy, temperature, **options), rollout)
 
 
 def _reference_logprobs(

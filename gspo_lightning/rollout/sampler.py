@@ -1,15 +1,10 @@
-"""GroupSampler: the callback that turns a prompt batch into a scored, split rollout for the module.
+"""GroupSampler: the Lightning plumbing around one rollout round (``rollout/round.py``).
 
-Contract with the LightningModule (ours or anyone's):
-- it has ``policy`` (a Hugging Face causal LM with ``generate``) and ``tokenizer`` attributes by the time
-  training starts (they may be built in ``configure_model``), and optionally ``reference_policy`` (a frozen
-  causal LM, on any device) whose log-probs then travel in ``Minibatch.ref_logprobs`` for a KL penalty;
-- its dataloader yields ``PromptBatch`` objects, each rollout round served K times in a row with
-  ``minibatch_index`` 0..K-1 (``PromptDataModule`` does this);
-- its ``training_step`` reads ``batch.minibatch`` (a ``Minibatch``) and computes its loss from it, with
-  ``gspo_lightning.logprobs.response_logprobs`` at the same temperature as the sampler: it exposes that
-  ``temperature`` (checked equal at fit start; a mismatch makes even the first minibatch off-policy), and
-  optionally ``max_new_tokens`` (checked equal too, e.g. Dr. GRPO's constant normaliser depends on it).
+It decides when a round starts (the first of the K optimizer steps on a prompt batch), syncs the engine and
+enters the inference context, runs the round, hands minibatch k to step k, logs the round's figures and keeps
+each rank's partly consumed round and random state for an exact resume. What it needs from the LightningModule
+is ``rollout/contract.py``'s ``SamplerModule``; its dataloader yields ``PromptBatch`` objects, each round served
+K times in a row with ``minibatch_index`` 0..K-1 (``PromptDataModule`` does this).
 """
 
 from __future__ import annotations
@@ -24,19 +19,14 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
-from gspo_lightning.engines.base import SamplingSettings
-from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE
 from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
-from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale, KLRewardPenalty
-from gspo_lightning.objectives.advantages import advantages_with_skips, skipped_responses
-from gspo_lightning.objectives.kl import kl_penalised_rewards
+from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale
 from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
 from gspo_lightning.rewards.scoring import RewardErrors, RewardFunction
 from gspo_lightning.rollout.checks import (
     OldLogprobSource,
     check_chat_template,
     check_data_columns,
-    check_module_agrees,
     check_prompt_lengths,
     check_rollout_correction,
     check_rollout_shape,
@@ -45,15 +35,10 @@ from gspo_lightning.rollout.checks import (
     validate_robustness,
     validate_sampling,
 )
-from gspo_lightning.rollout.dynamic_sampling import (
-    choose_groups,
-    concat_rollouts,
-    informative_groups,
-    select_groups,
-    with_advantages,
-)
-from gspo_lightning.rollout.minibatches import check_divisible, split_minibatches
-from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length, repeat_each, sample_and_score
+from gspo_lightning.rollout.contract import SamplerModule, check_sampler_module, round_model
+from gspo_lightning.rollout.minibatches import check_divisible
+from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length
+from gspo_lightning.rollout.round import RoundModel, RoundSettings, round_advantages, run_round, sample_groups
 from gspo_lightning.rollout.state import (
     evaluation_seed,
     gather_per_rank,
@@ -71,6 +56,9 @@ from gspo_lightning.validation import SettingError, require
 class GroupSampler(Callback):
     """Samples G responses per prompt, scores them, and hands the module K minibatches, one per step.
 
+    The samples' temperature and longest response are the module's (``model.temperature``,
+    ``model.max_new_tokens``): one setting each, for the samples and for every log-prob taken of them.
+
     Args:
         rewards: reward functions ``(prompts, completions, **columns) -> list[float]``, by import path or
             ``class_path``; their weighted sum is the reward. A reward with a ``required_columns`` attribute
@@ -79,8 +67,6 @@ class GroupSampler(Callback):
         reward_weights: one weight per reward function (default: all 1.0).
         group_size: G, responses sampled per prompt (>= 2: advantages compare responses within a group).
         num_minibatches: K, optimizer steps per rollout batch (the paper uses 4); must divide P x G.
-        max_new_tokens: longest response; longer ones are cut and counted as truncated.
-        temperature: sampling temperature (> 0); log-probs are taken at the same temperature.
         top_p: must stay 1.0 (no nucleus truncation): pi_old's and pi_theta's log-probs are those of
             softmax(logits / temperature) over the whole vocabulary, which truncated samples do not come from.
             No other logits processor runs either, whatever the checkpoint's generation config says
@@ -139,8 +125,6 @@ class GroupSampler(Callback):
         reward_weights: Sequence[float] | None = None,
         group_size: int = 8,
         num_minibatches: int = 4,
-        max_new_tokens: int = 256,
-        temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
         advantage_scale: AdvantageScale = "group",
@@ -156,7 +140,7 @@ class GroupSampler(Callback):
     ) -> None:
         validate_old_logprobs(old_logprobs)
         validate_sampling(
-            rewards, reward_weights, group_size, num_minibatches, max_new_tokens, temperature, top_p, top_k
+            rewards, reward_weights, group_size, num_minibatches, top_p, top_k
         )
         require(
             advantage_scale in ADVANTAGE_SCALES,
@@ -167,55 +151,63 @@ class GroupSampler(Callback):
             isinstance(max_extra_draws, int) and max_extra_draws >= 0,
             f"sampler.max_extra_draws must be an integer >= 0, got {max_extra_draws!r}",
         )
-        self.dynamic_sampling = dynamic_sampling
-        self.max_extra_draws = max_extra_draws
-        self.mask_truncated = mask_truncated
         self.engine = resolve_engine(engine)
-        self.advantage_scale = advantage_scale
         self.rewards: list[RewardFunction] = list(rewards)
-        self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.rewards)
-        self.group_size = group_size
-        self.num_minibatches = num_minibatches
-        self.settings = SamplingSettings(max_new_tokens, temperature, top_p, top_k)
-        self.reward_errors = reward_errors
-        self.prompt_overflow = prompt_overflow
         self.reward_runner = RewardRunner(reward_isolation, reward_timeout_s)
         self.old_logprobs = old_logprobs
-        self._rollout_index: int | None = None
+        weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.rewards)
+        self.round = RoundSettings(
+            group_size=group_size,
+            num_minibatches=num_minibatches,
+            top_p=top_p,
+            top_k=top_k,
+            scoring=Scoring(self.rewards, weights, self.reward_runner, reward_errors),
+            advantage_scale=advantage_scale,
+            old_from_engine=old_logprobs == "engine",
+            prompt_overflow=prompt_overflow,
+            dynamic_sampling=dynamic_sampling,
+            max_extra_draws=max_extra_draws,
+            mask_truncated=mask_truncated,
+        )
         self.last_rollout: Rollout | None = None
         """This rank's latest round as trained on (texts, rewards, final advantages), e.g. for ``LogCompletions``;
         None until a round was sampled in this process."""
+        self._rollout_index: int | None = None
         self._minibatches: list[Minibatch] = []
         self._stats: dict[str, torch.Tensor] = {}
         self._pending_rng: dict[str, Any] | None = None
         self._round_seconds: dict[str, float] = {}
         self._step_started = 0.0
 
+    @property
+    def group_size(self) -> int:
+        return self.round.group_size
+
+    @property
+    def num_minibatches(self) -> int:
+        return self.round.num_minibatches
+
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Checks that need no model: Lightning calls this before ``configure_model`` builds the policy."""
         if stage != "fit":
             return
+        module = check_sampler_module(pl_module)
         check_rollout_shape(trainer.datamodule, self.group_size, self.num_minibatches)
-        check_chat_template(trainer.datamodule, getattr(pl_module, "tokenizer", None))
-        check_routing_replay(bool(getattr(pl_module, "routing_replay", False)), self.old_logprobs)
-        correction = getattr(pl_module, "rollout_correction", None)
-        check_rollout_correction(getattr(correction, "mode", "off"), self.old_logprobs)
+        check_chat_template(trainer.datamodule, module.tokenizer)
+        check_routing_replay(module.routing_replay, self.old_logprobs)
+        check_rollout_correction(module.rollout_correction.mode, self.old_logprobs)
         check_data_columns(trainer.datamodule, self.rewards, "train", "sampler.rewards")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        for attribute in ("policy", "tokenizer"):
-            if getattr(pl_module, attribute, None) is None:
-                raise AttributeError(
-                    f"GroupSampler needs the LightningModule to expose `{attribute}` (see the sampler's contract)"
-                )
-        check_chat_template(trainer.datamodule, pl_module.tokenizer)  # a tokenizer built in configure_model
-        check_module_agrees(pl_module, self.settings.temperature, self.settings.max_new_tokens)
-        if self.prompt_overflow == "error":
-            context = context_length(pl_module.policy, pl_module.tokenizer)
-            check_prompt_lengths(trainer.datamodule, pl_module.tokenizer, context, self.settings.max_new_tokens)
+        module = check_sampler_module(pl_module)
+        round_model(module, False, False)  # the policy and tokenizer exist now
+        check_chat_template(trainer.datamodule, module.tokenizer)  # a tokenizer built in configure_model
+        if self.round.prompt_overflow == "error":
+            context = context_length(module.policy, module.tokenizer)
+            check_prompt_lengths(trainer.datamodule, module.tokenizer, context, module.max_new_tokens)
         for reward in self.rewards:  # e.g. LengthPenalty counts the policy's tokens
             if callable(getattr(reward, "setup", None)):
-                reward.setup(pl_module.tokenizer)
+                reward.setup(module.tokenizer)
         self.engine.setup(trainer, pl_module)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -234,12 +226,12 @@ class GroupSampler(Callback):
                 f"the dataloader serves each rollout batch {batch.num_minibatches} times but the sampler's "
                 f"num_minibatches is {self.num_minibatches}: they must be equal (the CLI links them)"
             )
-        self._round_seconds = {}
         if self._pending_rng is not None:
             # Restored here, not in load_state_dict: Lightning draws from the global RNG between loading a
             # checkpoint and the first step (the dataloader iterator's base seed), which the original run did not.
             restore_rng_states(self._pending_rng)
             self._pending_rng = None
+        self._round_seconds = {}
         if batch.rollout_index != self._rollout_index or not self._minibatches:
             self._new_round(trainer, pl_module, batch)
         batch.minibatch = self._minibatches[batch.minibatch_index].to(pl_module.device)
@@ -255,137 +247,45 @@ class GroupSampler(Callback):
     ) -> None:
         log_across_ranks(pl_module, {"time/train_s": time.perf_counter() - self._step_started})
 
-    def _new_round(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch) -> None:
+    def _new_round(self, trainer: pl.Trainer, pl_module: SamplerModule, batch: PromptBatch) -> None:
         check_divisible(len(batch) * self.group_size, self.num_minibatches)
         # Outside the inference context: under FSDP1 that holds the root's parameters gathered, and the engine's
         # weight sync gathers every unit itself.
         self.engine.before_rollout(trainer, pl_module)
+        model = round_model(pl_module, self._wants_engine_logprobs(), parameters_are_sharded(trainer))
         with inference_context(trainer):
-            seed = self.round_seed(batch.rollout_index)
-            rollout = self.sample(pl_module, batch.prompts, batch.columns, parameters_are_sharded(trainer), seed)
-            counts = {}
-            if self.dynamic_sampling:
-                rollout, counts = self._refill(trainer, pl_module, rollout, seed)
-            self.engine.after_rollout()
-            started = time.perf_counter()
-            self._minibatches = split_minibatches(
-                rollout,
-                self.num_minibatches,
-                pl_module.policy,
-                self.settings.temperature,
-                reference=getattr(pl_module, "reference_policy", None),
-                chunk_size=getattr(pl_module, "logprob_chunk_size", DEFAULT_CHUNK_SIZE),
-                old_from_engine=self.old_logprobs == "engine",
-                mask_truncated=self.mask_truncated,
+            result = run_round(
+                self.engine,
+                model,
+                self.round,
+                batch,
+                self.round_seed(batch.rollout_index),
+                draw_prompts=getattr(trainer.datamodule, "draw_prompts", None),
+                any_rank=lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False),
             )
-            self._round_seconds["old_logprob_s"] = time.perf_counter() - started
-        penalty = getattr(pl_module, "kl_reward_penalty", None)
-        if penalty is not None:
-            rollout = self._penalise_rewards(rollout, penalty)
-        self.last_rollout = rollout
-        self._stats = rollout_stats(rollout, self.group_size)
-        self._stats.update({name: torch.tensor(float(value)) for name, value in counts.items()})
-        if self.mask_truncated:
-            self._stats["truncated_masked"] = rollout.truncated.float().sum().cpu()
+        self.last_rollout = result.rollout
+        self._minibatches = result.minibatches
+        self._round_seconds = result.seconds
+        self._stats = rollout_stats(result.rollout, self.group_size)
+        self._stats.update({name: torch.tensor(float(value)) for name, value in result.counts.items()})
+        if self.round.mask_truncated:
+            self._stats["truncated_masked"] = result.rollout.truncated.float().sum().cpu()
         self._rollout_index = batch.rollout_index
 
-    def _refill(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, rollout: Rollout, seed: int
-    ) -> tuple[Rollout, dict[str, int]]:
-        """Dynamic sampling: more prompts until P informative groups (every rank draws as long as one needs to:
-        sharded sampling is a collective), then the round's P groups and their advantages."""
-        prompts = len(rollout) // self.group_size
-        parts, extra = [rollout], 0
-        informative = int(informative_groups(rollout.rewards, self.group_size).sum())
-        while extra < self.max_extra_draws and trainer.strategy.reduce_boolean_decision(informative < prompts, all=False):
-            more = trainer.datamodule.draw_prompts()
-            extra += 1
-            sampled = self.sample(pl_module, more.prompts, more.columns, parameters_are_sharded(trainer), seed + extra)
-            parts.append(sampled)
-            informative += int(informative_groups(sampled.rewards, self.group_size).sum())
-        every = concat_rollouts(parts, pl_module.tokenizer.pad_token_id)
-        flags = informative_groups(every.rewards, self.group_size)  # [P_drawn]
-        chosen = select_groups(every, choose_groups(flags, prompts), self.group_size)
-        counts = {
-            "groups_drawn": len(flags),
-            "groups_dropped": int((~flags).sum()),
-            "groups_kept": min(int(flags.sum()), prompts),
-            "extra_draws": extra,
-        }
-        return with_advantages(chosen, self.group_size, self.advantage_scale), counts
-
-    def _penalise_rewards(self, rollout: Rollout, penalty: KLRewardPenalty) -> Rollout:
-        """``kl_in="reward"``: each response's reward minus beta * its KL(pi_old || pi_ref) estimate, and the
-        advantages (Eq. 6) recomputed from those, in the minibatches and the returned rollout."""
-        if any(mb.ref_logprobs is None for mb in self._minibatches):
-            raise ValueError("a KL reward penalty needs the LightningModule's reference_policy (kl_coef > 0)")
-        parts = [
-            kl_penalised_rewards(mb.rewards, mb.old_logprobs, mb.ref_logprobs, mb.response_mask, penalty)
-            for mb in self._minibatches
-        ]
-        rewards = torch.cat([penalised for penalised, _ in parts])  # [N]
-        skipped = skipped_responses(rollout.rewards, rollout.prompt_skipped, self.group_size)  # [N]
-        advantages = advantages_with_skips(rewards, skipped.to(rewards.device), self.group_size, self.advantage_scale)
-        size = len(self._minibatches[0])
-        self._minibatches = [
-            replace(mb, advantages=advantages[k * size : (k + 1) * size].to(mb.advantages.device))
-            for k, mb in enumerate(self._minibatches)
-        ]
-        kl = torch.cat([estimate for _, estimate in parts])  # [N]
-        return replace(rollout, advantages=advantages.to(rollout.advantages.device), kl_penalties=kl)
-
     def sample(
-        self,
-        pl_module: Any,
-        prompts: list[Any],
-        columns: dict[str, list[Any]],
-        synced_gpus: bool = False,
-        seed: int = 0,
+        self, model: SamplerModule | RoundModel, prompts: list[Any], columns: dict[str, list[Any]], seed: int = 0
     ) -> Rollout:
-        """Sample G responses per prompt with the engine, score them and compute group advantages (Eq. 6)."""
-        scored = sample_and_score(
-            self.engine,
-            pl_module.policy,
-            pl_module.tokenizer,
-            prompts,
-            columns,
-            self.settings,
-            self.group_size,
-            Scoring(self.rewards, self.reward_weights, self.reward_runner, self.reward_errors),
-            device=pl_module.device,
-            overflow=self.prompt_overflow,
-            with_logprobs=self._wants_engine_logprobs(pl_module),
-            synced_gpus=synced_gpus,
-            seed=seed,
-        )
-        self._round_seconds.update(scored.seconds)
-        # Response i*G + g answers prompt i: each prompt row repeated G times in a row lines up with them.
-        cut = scored.prompt_cut.repeat_interleave(self.group_size, dim=0)  # [N]
-        prompt_skipped = cut if self.prompt_overflow == "skip" else None  # [N] or None
-        rewards = scored.rewards  # [N]
-        skipped = skipped_responses(rewards, prompt_skipped, self.group_size)  # [N]
-        device = scored.prompt_ids.device
-        return Rollout(
-            prompt_ids=scored.prompt_ids.repeat_interleave(self.group_size, dim=0),  # [N, Lp]
-            prompt_mask=scored.prompt_mask.repeat_interleave(self.group_size, dim=0),  # [N, Lp]
-            response_ids=scored.samples.response_ids,
-            response_mask=scored.response_mask,
-            rewards=rewards.to(device),
-            advantages=advantages_with_skips(rewards, skipped, self.group_size, self.advantage_scale).to(device),
-            truncated=scored.truncated,
-            completions=scored.completions,
-            prompts=repeat_each(prompts, self.group_size),
-            reward_components=scored.reward_components,
-            prompt_cut=cut,
-            prompt_skipped=prompt_skipped,
-            engine_logprobs=scored.samples.logprobs,
-        )
+        """G responses per prompt, scored, with their group advantages (Eq. 6): a round's first stages alone, for
+        tests and notebooks (no refill, no old-policy pass, no reward shaping)."""
+        if not isinstance(model, RoundModel):
+            model = round_model(check_sampler_module(model), self._wants_engine_logprobs(), False)
+        rollout = sample_groups(self.engine, model, self.round, prompts, columns, seed)
+        return replace(rollout, advantages=round_advantages(rollout, rollout.rewards, self.round))
 
-    def _wants_engine_logprobs(self, pl_module: Any) -> bool:
-        """pi_old from the engine; a module that corrects for the rollout-training mismatch; or an engine that
-        reports them for free (then the mismatch is measured)."""
-        corrects = bool(getattr(pl_module, "needs_engine_logprobs", False))
-        return self.old_logprobs == "engine" or corrects or self.engine.reports_logprobs_cheaply
+    def _wants_engine_logprobs(self) -> bool:
+        """pi_old from the engine, or an engine that reports them for free (then the mismatch is measured); a
+        module whose loss corrects for the mismatch asks too (``round_model``)."""
+        return self.old_logprobs == "engine" or self.engine.reports_logprobs_cheaply
 
     def round_seed(self, rollout_index: int) -> int:
         """The seed of one sampling round: a function of the engine's seed, the round and the rank only, so that a

@@ -96,7 +96,8 @@ class Rollout:
         response_mask:  [N, R]   1 up to and including the first EOS
         rewards:        [N]      combined (weighted) reward; NaN where a reward function failed for the sample
                                  (``reward_errors="skip"``)
-        advantages:     [N]      group-normalised advantages; 0 for every response of a skipped group
+        advantages:     [N]      group-normalised advantages (Eq. 6); 0 for every response of a skipped group;
+                                 None until the round's last stage computes them (``round_advantages``), once
         truncated:      [N]      bool, True when the response hit max_new_tokens without EOS
         prompt_cut:     [N]      bool, True where the prompt was cut to fit the context; None: nothing cut
         prompt_skipped: [N]      bool, True where the prompt's group is left out of learning because its prompt
@@ -115,7 +116,7 @@ class Rollout:
     response_ids: Tensor
     response_mask: Tensor
     rewards: Tensor
-    advantages: Tensor
+    advantages: Tensor | None
     truncated: Tensor
     completions: list[str] = field(default_factory=list)
     prompts: list[Prompt] = field(default_factory=list)

@@ -51,7 +51,7 @@ def _fit(tmp_path, callbacks, batches):
     module = GSPOModule(TinyQwen3(**TINY), optimizer=functools.partial(torch.optim.AdamW, lr=1e-3), max_new_tokens=4)
     data = PromptDataModule(ArithmeticTask(train_size=64, eval_size=8), "{question}=", prompts_per_rollout=2,
                             minibatches_per_rollout=2)
-    sampler = GroupSampler(rewards=[length_reward], group_size=4, num_minibatches=2, max_new_tokens=4)
+    sampler = GroupSampler(rewards=[length_reward], group_size=4, num_minibatches=2)
     trainer = pl.Trainer(
         max_steps=batches, limit_train_batches=batches, max_epochs=1, accelerator="cpu", logger=False,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,

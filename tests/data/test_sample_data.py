@@ -102,7 +102,7 @@ def test_math_sample_config_tokenizer_covers_every_chat_prompt() -> None:
         text = tokenizer.apply_chat_template(module.formatter(row), tokenize=False, add_generation_prompt=True)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         assert tokenizer.unk_token_id not in ids, text
-        assert len(ids) + config["sampler"]["max_new_tokens"] <= policy.max_position_embeddings
+        assert len(ids) + config["model"]["init_args"]["max_new_tokens"] <= policy.max_position_embeddings
 
 
 def test_tiny_chat_template_round_trips_and_leaves_default_cache_keys_alone(tiny_pretrained_dir: Path) -> None:

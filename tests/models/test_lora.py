@@ -120,7 +120,7 @@ def test_kl_reference_is_a_frozen_copy_of_the_initial_adapted_policy():
     assert isinstance(reference, peft.PeftModel) and not any(p.requires_grad for p in reference.parameters())
 
     # length_reward varies for an untrained policy: a gradient to follow (at step 0 the KL term has none)
-    sampler = GroupSampler(rewards=[length_reward], group_size=4, num_minibatches=1, max_new_tokens=4)
+    sampler = GroupSampler(rewards=[length_reward], group_size=4, num_minibatches=1)
     batch = PromptBatch(["1+1=", "2+2="], {"answer": ["2", "4"]}, num_minibatches=1)
     torch.manual_seed(0)
     rollout = sampler.sample(module, batch.prompts, batch.columns)
@@ -254,7 +254,7 @@ def test_one_lightning_fit_moves_the_adapter_and_not_the_base(tmp_path):
     data = PromptDataModule(
         ArithmeticTask(train_size=64, eval_size=8), "{question}=", prompts_per_rollout=2, minibatches_per_rollout=2
     )
-    sampler = GroupSampler(rewards=[length_reward], group_size=4, num_minibatches=2, max_new_tokens=4)
+    sampler = GroupSampler(rewards=[length_reward], group_size=4, num_minibatches=2)
     trainer = pl.Trainer(
         max_steps=2, limit_train_batches=2, max_epochs=1, accelerator="cpu", logger=False,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,

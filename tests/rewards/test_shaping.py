@@ -52,10 +52,10 @@ def test_the_sampler_hands_its_rewards_the_policys_tokenizer(policy, tokenizer) 
     from tests.rollout.test_sampler import ReinforceModule, _prompt_batches
 
     penalty = LengthPenalty(1, 4)
-    sampler = GroupSampler(rewards=[penalty], group_size=2, num_minibatches=1, max_new_tokens=3)
+    sampler = GroupSampler(rewards=[penalty], group_size=2, num_minibatches=1)
     trainer = pl.Trainer(max_steps=1, accelerator="cpu", callbacks=[sampler], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-    trainer.fit(ReinforceModule(policy, tokenizer), DataLoader(_prompt_batches(1, 1), batch_size=None,
+    trainer.fit(ReinforceModule(policy, tokenizer, max_new_tokens=3), DataLoader(_prompt_batches(1, 1), batch_size=None,
                                                                collate_fn=lambda b: b))  # fmt: skip
     assert penalty.tokenizer is tokenizer
 

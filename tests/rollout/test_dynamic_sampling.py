@@ -52,7 +52,7 @@ def _fit(tmp_path, steps: int, **sampler_options) -> tuple[GroupSampler, PromptD
     module = GSPOModule(TinyQwen3(**TINY), optimizer=functools.partial(torch.optim.AdamW, lr=1e-3), max_new_tokens=6)
     data = PromptDataModule(ArithmeticTask(num_digits=2, train_size=64, eval_size=8), "{question}=",
                             prompts_per_rollout=4, minibatches_per_rollout=2)  # fmt: skip
-    sampler = GroupSampler(rewards=[odd_prompts_teach_nothing], group_size=G, num_minibatches=2, max_new_tokens=6,
+    sampler = GroupSampler(rewards=[odd_prompts_teach_nothing], group_size=G, num_minibatches=2,
                            **sampler_options)  # fmt: skip
     rounds = []
 

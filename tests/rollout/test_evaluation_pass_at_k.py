@@ -107,7 +107,7 @@ def test_one_sample_per_prompt_is_greedy_and_logs_accuracy_only(policy, tokenize
     evaluation.evaluate(trainer, module)
     trainer.global_step = 4
     evaluation.evaluate(trainer, module)
-    assert evaluation.settings.temperature == 0.0
+    assert evaluation.sampling_settings(module).temperature == 0.0
     assert reward.calls[0][1] == reward.calls[1][1]  # greedy: no randomness, whatever the step's seed
     assert [set(metrics) for _, metrics in logged] == [{"eval/accuracy"}] * 2
     assert logged[0][1]["eval/accuracy"] == _expected_pass_at_k(reward.calls[0][1], 1, 1)
@@ -167,7 +167,7 @@ def test_the_cli_builds_a_sampled_evaluation_and_rejects_a_bad_pass_k(tmp_path, 
     config = str(ROOT / "configs/quickstart.yaml")
     cli = main(["-c", config, "--evaluation.samples_per_prompt=4", "--evaluation.pass_k=[1,4]"], run=False)
     evaluation = next(c for c in cli.trainer.callbacks if isinstance(c, HeldOutEvaluation))
-    assert (evaluation.samples_per_prompt, evaluation.pass_k, evaluation.settings.temperature) == (4, (1, 4), 1.0)
+    assert (evaluation.samples_per_prompt, evaluation.pass_k, evaluation.sampling_settings(cli.model).temperature) == (4, (1, 4), 1.0)
     with pytest.raises(ValueError, match=r"evaluation.pass_k entries must be between 1 and .*samples_per_prompt=4"):
         main(["-c", config, "--evaluation.samples_per_prompt=4", "--evaluation.pass_k=[8]"], run=False)
 

@@ -25,7 +25,7 @@ def module():
 def _minibatch_and_recomputed(module, sampling_dtype="auto", **settings):
     engine = HFEngine(sampling_dtype=sampling_dtype)
     sampler = GroupSampler(
-        rewards=[ExactAnswer()], group_size=4, num_minibatches=1, max_new_tokens=5, engine=engine, **settings
+        rewards=[ExactAnswer()], group_size=4, num_minibatches=1, engine=engine, **settings
     )
     torch.manual_seed(0)
     with torch.no_grad():

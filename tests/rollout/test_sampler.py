@@ -9,21 +9,28 @@ from torch.utils.data import DataLoader
 
 from gspo_lightning.engines import HFEngine
 from gspo_lightning.logprobs import response_logprobs
+from gspo_lightning.objectives import RolloutCorrection
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout import GroupSampler, PromptBatch
 from gspo_lightning.rollout.pipeline import encode_prompts
 
 
 class ReinforceModule(pl.LightningModule):
-    """Someone else's module: plain REINFORCE with the group baseline, exposing `policy`, `tokenizer` and the
-    `temperature` of its log-probs."""
+    """Someone else's module: plain REINFORCE with the group baseline, with the sampler's contract
+    (``SamplerModule``): its own parts, and the neutral value of each feature it does not use."""
 
-    temperature = 1.0
-
-    def __init__(self, policy, tokenizer):
+    def __init__(self, policy, tokenizer, max_new_tokens: int = 4, temperature: float = 1.0):
         super().__init__()
         self.policy = policy
         self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens
+        self.reference_policy = None
+        self.kl_reward_penalty = None
+        self.routing_replay = False
+        self.rollout_correction = RolloutCorrection()
+        self.needs_engine_logprobs = False
+        self.logprob_chunk_size = 0
         self.seen: list[tuple[int, int, int]] = []
 
     def training_step(self, batch, batch_idx):
@@ -55,7 +62,7 @@ def _trainer(sampler: GroupSampler, steps: int) -> pl.Trainer:
 
 def test_sampler_drives_a_foreign_module(policy, tokenizer):
     module = ReinforceModule(policy, tokenizer)
-    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=2, max_new_tokens=4)
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=2)
     calls = []
     original = policy.generate
     policy.generate = lambda *a, **k: calls.append(1) or original(*a, **k)
@@ -73,11 +80,11 @@ def _trainer_metrics(module):
 
 
 def test_sampler_state_carries_a_partly_consumed_round(policy, tokenizer):
-    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=2, max_new_tokens=3)
-    module = ReinforceModule(policy, tokenizer)
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=2)
+    module = ReinforceModule(policy, tokenizer, max_new_tokens=3)
     loader = DataLoader(_prompt_batches(1, 2)[:1], batch_size=None, collate_fn=lambda b: b)
     _trainer(sampler, 1).fit(module, loader)
-    restored = GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=2, max_new_tokens=3)
+    restored = GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=2)
     restored.load_state_dict(sampler.state_dict())
     assert restored._rollout_index == 0
     for saved, loaded in zip(sampler._minibatches, restored._minibatches):
@@ -86,10 +93,14 @@ def test_sampler_state_carries_a_partly_consumed_round(policy, tokenizer):
 
 def test_sampler_rejects_a_module_without_the_contract(policy, tokenizer):
     module = ReinforceModule(policy, tokenizer)
-    module.tokenizer = None
-    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=2, max_new_tokens=3)
+    del module.routing_replay, module.logprob_chunk_size
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=2)
     loader = DataLoader(_prompt_batches(1, 2), batch_size=None, collate_fn=lambda b: b)
-    with pytest.raises(AttributeError, match="expose `tokenizer`"):
+    with pytest.raises(ValueError, match=r"\(ReinforceModule\) to have routing_replay, logprob_chunk_size: see"):
+        _trainer(sampler, 1).fit(module, loader)
+    module = ReinforceModule(policy, tokenizer)
+    module.tokenizer = None
+    with pytest.raises(ValueError, match="needs the LightningModule's tokenizer by the time training starts"):
         _trainer(sampler, 1).fit(module, loader)
 
 
@@ -97,8 +108,6 @@ def test_sampler_rejects_a_module_without_the_contract(policy, tokenizer):
     ("kwargs", "message"),
     [
         ({"group_size": 1}, "group_size must be >= 2"),
-        ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
-        ({"temperature": 0.0}, "temperature must be > 0"),
         ({"top_p": 0.95}, r"sampler.top_p must be 1.0 \(no nucleus truncation\), got 0.95: the log-probs"),
         ({"top_k": 20}, r"sampler.top_k must be 0 \(no top-k truncation\), got 20"),
         ({"reward_weights": [1.0, 2.0]}, "reward_weights has 2 values for 1 rewards"),
@@ -111,7 +120,7 @@ def test_sampler_settings_are_validated(kwargs, message):
 
 @pytest.mark.parametrize("old_logprobs", ["recompute", "engine"])
 def test_sharing_the_prompt_prefill_draws_the_same_rollout(policy, tokenizer, old_logprobs):
-    module = ReinforceModule(policy, tokenizer)
+    module = ReinforceModule(policy, tokenizer, max_new_tokens=5)
     prompts, columns = ["1+1=", "12+34=", "5"], {"answer": ["2", "46", "5"]}
     rollouts, caches = [], []
     original = policy.generate
@@ -120,7 +129,6 @@ def test_sharing_the_prompt_prefill_draws_the_same_rollout(policy, tokenizer, ol
         sampler = GroupSampler(
             rewards=[ExactAnswer()],
             group_size=4,
-            max_new_tokens=5,
             old_logprobs=old_logprobs,
             engine=HFEngine(share_prompt_prefill=share),
         )
@@ -149,7 +157,7 @@ def test_a_kl_reward_penalty_is_subtracted_before_the_advantages(policy, tokeniz
         for parameter in module.reference_policy.parameters():
             parameter.add_(0.05 * torch.randn_like(parameter))  # a reference that differs from pi_old
     module.kl_reward_penalty = KLRewardPenalty(coef=0.5, estimator="k1")
-    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=2, max_new_tokens=4)
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=4, num_minibatches=2)
     loader = DataLoader(_prompt_batches(1, 2)[:1], batch_size=None, collate_fn=lambda b: b)
     _trainer(sampler, 1).fit(module, loader)
     mbs = sampler._minibatches
@@ -161,12 +169,14 @@ def test_a_kl_reward_penalty_is_subtracted_before_the_advantages(policy, tokeniz
     torch.testing.assert_close(module.trainer.callback_metrics["rollout/kl_penalty_mean"], kl.mean())
 
 
-def test_a_module_at_another_temperature_is_refused_at_fit_start(policy, tokenizer):
-    module = ReinforceModule(policy, tokenizer)
-    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=1, max_new_tokens=3, temperature=0.7)
+def test_the_samples_come_at_the_modules_temperature_and_budget(policy, tokenizer):
+    """One setting each: the module's temperature and response budget are what the engine samples with."""
+    module = ReinforceModule(policy, tokenizer, max_new_tokens=3, temperature=0.7)
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=1)
+    asked = []
+    original = sampler.engine.sample
+    sampler.engine.sample = lambda *args, **kwargs: asked.append(args[4]) or original(*args, **kwargs)
     loader = DataLoader(_prompt_batches(1, 1), batch_size=None, collate_fn=lambda b: b)
-    with pytest.raises(ValueError, match=r"sampler.temperature=0.7 but the module computes log-probs at temperature=1.0"):
-        _trainer(sampler, 1).fit(module, loader)
-    module.temperature = None
-    with pytest.raises(AttributeError, match="expose `temperature`"):
-        _trainer(GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=1), 1).fit(module, loader)
+    _trainer(sampler, 1).fit(module, loader)
+    assert [(s.temperature, s.max_new_tokens, s.top_p, s.top_k) for s in asked] == [(0.7, 3, 1.0, 0)]
+    assert sampler.last_rollout.response_ids.shape[1] <= 3

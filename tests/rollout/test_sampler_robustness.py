@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import math
 import time
-from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 from gspo_lightning.data.formatting import PromptFormatter
 from gspo_lightning.rewards import ExactAnswer
+from gspo_lightning.rollout.round import RoundModel
 from gspo_lightning.rollout import GroupSampler
 from gspo_lightning.rollout.stats import rollout_stats
 from tests.rewards.reward_helpers import hanging_reward
@@ -25,13 +24,12 @@ def _by_index_nan_at_1(prompts, completions, **columns):
     return [math.nan if i == 1 else float(i) for i in range(len(completions))]
 
 
-def _caller(policy, tokenizer):
-    return SimpleNamespace(policy=policy, tokenizer=tokenizer, device=torch.device("cpu"))
+def _caller(policy, tokenizer, max_new_tokens: int = 3):
+    return RoundModel(policy, tokenizer, max_new_tokens=max_new_tokens)
 
 
 def test_skip_mode_zeros_the_group_with_a_nan_and_counts_one(policy, tokenizer):
-    sampler = GroupSampler(rewards=[_by_index_nan_at_1], group_size=2, num_minibatches=1, max_new_tokens=3,
-                           reward_errors="skip")
+    sampler = GroupSampler(rewards=[_by_index_nan_at_1], group_size=2, num_minibatches=1, reward_errors="skip")
     rollout = sampler.sample(_caller(policy, tokenizer), PROMPTS, COLUMNS)
     assert rollout.advantages[:2].tolist() == [0.0, 0.0]  # the group holding the NaN: no signal
     assert rollout.advantages[2:].tolist() == pytest.approx([-0.7071, 0.7071], abs=1e-4)  # the other: intact
@@ -40,16 +38,15 @@ def test_skip_mode_zeros_the_group_with_a_nan_and_counts_one(policy, tokenizer):
 
 
 def test_raise_mode_stops_naming_the_function_and_sample(policy, tokenizer):
-    sampler = GroupSampler(rewards=[_by_index_nan_at_1], group_size=2, num_minibatches=1, max_new_tokens=3)
+    sampler = GroupSampler(rewards=[_by_index_nan_at_1], group_size=2, num_minibatches=1)
     message = r"_by_index_nan_at_1 returned nan \(first offending sample 1: .*prompt '1\+1='"
     with pytest.raises(ValueError, match=message):
         sampler.sample(_caller(policy, tokenizer), PROMPTS, COLUMNS)
 
 
 def test_a_hanging_reward_in_skip_mode_lets_training_continue(policy, tokenizer):
-    sampler = GroupSampler(rewards=[hanging_reward], group_size=2, num_minibatches=1, max_new_tokens=3,
-                           reward_timeout_s=0.5, reward_errors="skip")
-    module = ReinforceModule(policy, tokenizer)
+    sampler = GroupSampler(rewards=[hanging_reward], group_size=2, num_minibatches=1, reward_timeout_s=0.5, reward_errors="skip")
+    module = ReinforceModule(policy, tokenizer, max_new_tokens=3)
     loader = DataLoader(_prompt_batches(2, 1), batch_size=None, collate_fn=lambda b: b)
     started = time.perf_counter()
     _trainer(sampler, 2).fit(module, loader)
@@ -63,9 +60,8 @@ def test_a_hanging_reward_in_skip_mode_lets_training_continue(policy, tokenizer)
 @pytest.mark.parametrize(("overflow", "cut", "skipped"), [("truncate", 1, 0), ("skip", 1, 1)])
 def test_overlong_prompts_are_truncated_or_skipped(policy, tokenizer, overflow, cut, skipped):
     context = policy.config.max_position_embeddings
-    sampler = GroupSampler(rewards=[_by_index], group_size=2, num_minibatches=1, max_new_tokens=context - 6,
-                           prompt_overflow=overflow)
-    rollout = sampler.sample(_caller(policy, tokenizer), ["1+1=", "12345+67890="], COLUMNS)
+    sampler = GroupSampler(rewards=[_by_index], group_size=2, num_minibatches=1, prompt_overflow=overflow)
+    rollout = sampler.sample(_caller(policy, tokenizer, context - 6), ["1+1=", "12345+67890="], COLUMNS)
     assert rollout.prompt_ids.shape[1] == 6  # the long prompt keeps its last 6 tokens
     assert tokenizer.decode(rollout.prompt_ids[2]) == "67890="
     stats = rollout_stats(rollout, 2)
@@ -79,9 +75,9 @@ def _by_index(prompts, completions, **columns):
 
 def test_an_overlong_prompt_is_an_error_by_default(policy, tokenizer):
     context = policy.config.max_position_embeddings
-    sampler = GroupSampler(rewards=[_by_index], group_size=2, num_minibatches=1, max_new_tokens=context - 6)
+    sampler = GroupSampler(rewards=[_by_index], group_size=2, num_minibatches=1)
     with pytest.raises(ValueError, match=rf"prompt 1 of the batch has 12 tokens; with max_new_tokens={context - 6}"):
-        sampler.sample(_caller(policy, tokenizer), ["1+1=", "12345+67890="], COLUMNS)
+        sampler.sample(_caller(policy, tokenizer, context - 6), ["1+1=", "12345+67890="], COLUMNS)
 
 
 class _Data(pl.LightningDataModule):
@@ -114,7 +110,7 @@ class _LazyModule(ReinforceModule):
 )
 def test_setup_errors_come_before_the_model_is_built(policy, tokenizer, data, message):
     module = _LazyModule(policy, tokenizer)
-    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=4, max_new_tokens=3)
+    sampler = GroupSampler(rewards=[ExactAnswer()], group_size=2, num_minibatches=4)
     with pytest.raises(ValueError, match=message):
         _trainer(sampler, 1).fit(module, datamodule=data)
     assert not module.configured

@@ -1,0 +1,217 @@
+"""One rollout round as plain functions over typed data, in the order it runs:
+
+    sample (engine) -> score -> refill (dynamic sampling) -> pi_old / reference / routes pass
+    -> reward shaping (KL in the reward) -> advantages (Eq. 6), once -> K minibatches
+
+No Lightning here: the engine, the model's parts (``RoundModel``), the settings, the seed and the means to draw
+more prompts are handed in. ``GroupSampler`` (``rollout/sampler.py``) is the Lightning plumbing around it: when a
+round starts, the weight sync and the inference context, state for resume, logging.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from gspo_lightning.engines.base import SamplingEngine, SamplingSettings
+from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE
+from gspo_lightning.objectives import AdvantageScale, KLRewardPenalty
+from gspo_lightning.objectives.advantages import advantages_with_skips, skipped_responses
+from gspo_lightning.objectives.kl import kl_penalised_rewards
+from gspo_lightning.rollout.dynamic_sampling import choose_groups, concat_rollouts, informative_groups, select_groups
+from gspo_lightning.rollout.minibatches import PolicyPass, assemble_minibatches, policy_passes
+from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, repeat_each, sample_and_score
+from gspo_lightning.rollout.types import Minibatch, Prompt, PromptBatch, Rollout
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """The sampler's settings a round runs with (see ``GroupSampler`` for each one's meaning)."""
+
+    group_size: int
+    num_minibatches: int
+    scoring: Scoring
+    top_p: float = 1.0  # 1.0 and 0 for training: the ratios describe softmax(logits / T) untruncated
+    top_k: int = 0
+    advantage_scale: AdvantageScale = "group"
+    old_from_engine: bool = False  # sampler.old_logprobs: engine
+    prompt_overflow: PromptOverflow = "error"
+    dynamic_sampling: bool = False
+    max_extra_draws: int = 4
+    mask_truncated: bool = False
+
+
+@dataclass(frozen=True)
+class RoundModel:
+    """What a round uses of the trained model, taken from the LightningModule (``rollout/contract.py``)."""
+
+    policy: nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    temperature: float = 1.0  # of the samples and of every log-prob taken of them
+    max_new_tokens: int = 256
+    device: torch.device | str = "cpu"
+    reference: nn.Module | None = None  # pi_ref, for a KL penalty
+    kl_reward_penalty: KLRewardPenalty | None = None  # kl_in: reward
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    engine_logprobs: bool = False  # ask the engine for its log-probs of the sampled tokens
+    synced_gpus: bool = False  # sharded parameters: every rank steps until all have finished
+
+
+@dataclass
+class RoundResult:
+    """A finished round.
+
+    Attributes:
+        rollout: the N = P x G responses as trained on (final advantages; ``kl_penalties`` when shaped).
+        minibatches: the K ``Minibatch``es, in training order.
+        counts: dynamic sampling's ``groups_drawn``, ``groups_dropped``, ``groups_kept``, ``extra_draws`` (or {}).
+        seconds: ``generate_s``, ``reward_s`` (the last sampling's) and ``old_logprob_s``.
+    """
+
+    rollout: Rollout
+    minibatches: list[Minibatch]
+    counts: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def run_round(
+    engine: SamplingEngine,
+    model: RoundModel,
+    settings: RoundSettings,
+    batch: PromptBatch,
+    seed: int,
+    draw_prompts: Callable[[], PromptBatch] | None = None,
+    any_rank: Callable[[bool], bool] = bool,
+) -> RoundResult:
+    """One round, every stage once. ``draw_prompts`` serves dynamic sampling's extra prompts; ``any_rank`` turns
+    this rank's "I need more" into the decision of all ranks (sharded sampling is a collective)."""
+    seconds: dict[str, float] = {}
+    rollout = sample_groups(engine, model, settings, batch.prompts, batch.columns, seed, seconds)
+    counts: dict[str, int] = {}
+    if settings.dynamic_sampling:
+        if draw_prompts is None:
+            raise ValueError("dynamic sampling needs draw_prompts (PromptDataModule.draw_prompts)")
+
+        def sample_more(extra: int) -> Rollout:
+            more = draw_prompts()
+            return sample_groups(engine, model, settings, more.prompts, more.columns, seed + extra, seconds)
+
+        rollout, counts = refill_groups(rollout, sample_more, settings, model.tokenizer.pad_token_id, any_rank)
+    engine.after_rollout()
+    started = time.perf_counter()
+    passes = policy_passes(
+        rollout,
+        settings.num_minibatches,
+        model.policy,
+        model.temperature,
+        reference=model.reference,
+        chunk_size=model.chunk_size,
+        old_from_engine=settings.old_from_engine,
+        mask_truncated=settings.mask_truncated,
+    )
+    seconds["old_logprob_s"] = time.perf_counter() - started
+    rewards = rollout.rewards  # [N]
+    if model.kl_reward_penalty is not None:
+        rewards, kl = shaped_rewards(rollout, passes, model.kl_reward_penalty)  # [N] x2
+        rollout = replace(rollout, kl_penalties=kl)
+    rollout = replace(rollout, advantages=round_advantages(rollout, rewards, settings))
+    return RoundResult(rollout, assemble_minibatches(passes, rollout), counts, seconds)
+
+
+def sample_groups(
+    engine: SamplingEngine,
+    model: RoundModel,
+    settings: RoundSettings,
+    prompts: list[Prompt],
+    columns: dict[str, list[Any]],
+    seed: int,
+    seconds: dict[str, float] | None = None,
+) -> Rollout:
+    """G responses per prompt from the engine, scored (``advantages`` still None); ``seconds`` gets the timings."""
+    group = settings.group_size
+    sampling = SamplingSettings(model.max_new_tokens, model.temperature, settings.top_p, settings.top_k)
+    scored = sample_and_score(
+        engine, model.policy, model.tokenizer, prompts, columns, sampling, group, settings.scoring,
+        device=model.device, overflow=settings.prompt_overflow, with_logprobs=model.engine_logprobs,
+        synced_gpus=model.synced_gpus, seed=seed,
+    )  # fmt: skip
+    if seconds is not None:
+        seconds.update(scored.seconds)
+    # Response i*G + g answers prompt i: each prompt row repeated G times in a row lines up with them.
+    cut = scored.prompt_cut.repeat_interleave(group, dim=0)  # [N]
+    device = scored.prompt_ids.device
+    return Rollout(
+        prompt_ids=scored.prompt_ids.repeat_interleave(group, dim=0),  # [N, Lp]
+        prompt_mask=scored.prompt_mask.repeat_interleave(group, dim=0),  # [N, Lp]
+        response_ids=scored.samples.response_ids,  # [N, R]
+        response_mask=scored.response_mask,  # [N, R]
+        rewards=scored.rewards.to(device),  # [N]
+        advantages=None,  # computed once, at the end of the round
+        truncated=scored.truncated,  # [N]
+        completions=scored.completions,
+        prompts=repeat_each(prompts, group),
+        reward_components=scored.reward_components,
+        prompt_cut=cut,
+        prompt_skipped=cut if settings.prompt_overflow == "skip" else None,  # [N] or None
+        engine_logprobs=scored.samples.logprobs,  # [N, R] or None
+    )
+
+
+def refill_groups(
+    rollout: Rollout,
+    sample_more: Callable[[int], Rollout],
+    settings: RoundSettings,
+    pad_token_id: int,
+    any_rank: Callable[[bool], bool] = bool,
+) -> tuple[Rollout, dict[str, int]]:
+    """DAPO's dynamic sampling: more prompts (``sample_more(k)`` for the k-th extra batch) until P informative
+    groups or ``max_extra_draws``, then the round's P groups: the informative ones first."""
+    group = settings.group_size
+    prompts = len(rollout) // group
+    parts, extra = [rollout], 0
+    informative = int(informative_groups(rollout.rewards, group).sum())
+    while extra < settings.max_extra_draws and any_rank(informative < prompts):
+        extra += 1
+        sampled = sample_more(extra)
+        parts.append(sampled)
+        informative += int(informative_groups(sampled.rewards, group).sum())
+    every = concat_rollouts(parts, pad_token_id)
+    flags = informative_groups(every.rewards, group)  # [P_drawn]
+    counts = {
+        "groups_drawn": len(flags),
+        "groups_dropped": int((~flags).sum()),
+        "groups_kept": min(int(flags.sum()), prompts),
+        "extra_draws": extra,
+    }
+    return select_groups(every, choose_groups(flags, prompts), group), counts
+
+
+def shaped_rewards(rollout: Rollout, passes: list[PolicyPass], penalty: KLRewardPenalty) -> tuple[Tensor, Tensor]:
+    """``kl_in="reward"``: each response's reward minus beta * its KL(pi_old || pi_ref) estimate, and the
+    estimates; [N] float32 each."""
+    if any(part.ref_logprobs is None for part in passes):
+        raise ValueError("a KL reward penalty needs the LightningModule's reference_policy (kl_coef > 0)")
+    shaped, estimates, start = [], [], 0
+    for part in passes:
+        rows = slice(start, start + len(part))
+        start += len(part)
+        reward, kl = kl_penalised_rewards(
+            rollout.rewards[rows], part.old_logprobs, part.ref_logprobs, part.response_mask, penalty
+        )  # [n] x2
+        shaped.append(reward)
+        estimates.append(kl)
+    return torch.cat(shaped), torch.cat(estimates)  # [N] x2
+
+
+def round_advantages(rollout: Rollout, rewards: Tensor, settings: RoundSettings) -> Tensor:
+    """Group advantages (Eq. 6) of ``rewards`` [N], exactly 0 for every group with a failed reward or a skipped
+    prompt; [N] float32 on the rollout's device."""
+    skipped = skipped_responses(rollout.rewards, rollout.prompt_skipped, settings.group_size)  # [N]
+    advantages = advantages_with_skips(rewards, skipped.to(rewards.device), settings.group_size, settings.advantage_scale)
+    return advantages.to(rollout.rewards.device)  # [N]
