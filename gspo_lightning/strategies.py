@@ -215,6 +215,13 @@ def shard_for_strategy(
     return policy
 
 
+def fsdp1_root(trainer: pl.Trainer) -> nn.Module | None:
+    """Under FSDP1, the root unit Lightning wrapped the module in (the weight sync gathers its parameters);
+    None under every other strategy."""
+    model = getattr(trainer.strategy, "model", None)
+    return model if isinstance(model, FSDP) else None
+
+
 def is_fsdp1(strategy: Any) -> bool:
     """FSDP1 needs special handling in hooks: full parameters for ``generate``, its own gradient clipping."""
     return isinstance(strategy, FSDPStrategy)

@@ -19,6 +19,10 @@ class SettingError(UserError):
     """A setting that cannot work, or settings that contradict each other."""
 
 
+class DataError(UserError):
+    """A data file or data set that cannot be trained on; the message names the file, the row and the problem."""
+
+
 def require(condition: bool, message: str) -> None:
     """Raise ``SettingError(message)`` unless ``condition`` holds."""
     if not condition:

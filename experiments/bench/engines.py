@@ -82,7 +82,7 @@ def throughput_worker(args: dict) -> dict:
     module.configure_model()
     module.to(args["device"])
     engine, settings_class = _engine(args["engine"], fixed_length=True)
-    trainer = SimpleNamespace(world_size=1, global_step=0, precision=args["precision"], strategy=None)
+    trainer = SimpleNamespace(world_size=1, global_rank=0, local_rank=0, global_step=0, precision=args["precision"], strategy=None)
     started = time.perf_counter()
     engine.setup(trainer, module)
     setup_s = time.perf_counter() - started

@@ -14,11 +14,7 @@ from pathlib import Path
 import datasets
 import pyarrow as pa
 
-from gspo_lightning.validation import UserError
-
-
-class DataError(UserError):
-    """A data file or data set that cannot be trained on; the message names the file, the row and the problem."""
+from gspo_lightning.validation import DataError
 
 
 class MissingDataFile(DataError, FileNotFoundError):
@@ -108,22 +104,3 @@ def _first_undecodable(values: Iterable[bytes | None]) -> int | None:
             except UnicodeDecodeError:
                 return index
     return None
-
-
-def check_reward_columns(rewards: Iterable[object], column_names: Iterable[str], where: str, setting: str) -> None:
-    """Each reward's ``required_columns`` (when it declares them) are columns the data has.
-
-    Args:
-        rewards: reward functions; those with a ``required_columns`` attribute are checked.
-        column_names: the data's columns.
-        where: how to name the data, e.g. ``"the training split of 'data.jsonl'"``.
-        setting: where the rewards are configured, e.g. ``"sampler.rewards"``.
-    """
-    available = list(column_names)
-    for reward in rewards:
-        missing = [name for name in getattr(reward, "required_columns", ()) if name not in available]
-        if missing:
-            raise DataError(
-                f"{setting}: {type(reward).__name__} reads the column(s) {missing}, which {where} does not have; "
-                f"available columns: {available} (set the reward's column option, or use another data set)"
-            )

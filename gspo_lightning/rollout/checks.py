@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from gspo_lightning.data.checks import check_reward_columns
+from gspo_lightning.rewards.columns import check_reward_columns
 from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
 from gspo_lightning.rewards.scoring import REWARD_ERRORS
 from gspo_lightning.rollout.minibatches import check_divisible

@@ -213,5 +213,6 @@ def round_advantages(rollout: Rollout, rewards: Tensor, settings: RoundSettings)
     """Group advantages (Eq. 6) of ``rewards`` [N], exactly 0 for every group with a failed reward or a skipped
     prompt; [N] float32 on the rollout's device."""
     skipped = skipped_responses(rollout.rewards, rollout.prompt_skipped, settings.group_size)  # [N]
-    advantages = advantages_with_skips(rewards, skipped.to(rewards.device), settings.group_size, settings.advantage_scale)
+    skipped = skipped.to(rewards.device)
+    advantages = advantages_with_skips(rewards, skipped, settings.group_size, settings.advantage_scale)  # [N]
     return advantages.to(rollout.rewards.device)  # [N]

@@ -7,8 +7,7 @@ import pyarrow as pa
 import pytest
 
 from gspo_lightning.data import LoadDataset, PromptDataModule
-from gspo_lightning.data.checks import DataError, check_reward_columns, check_rows, check_text_file
-from gspo_lightning.rewards import ExactAnswer
+from gspo_lightning.data.checks import DataError, check_rows, check_text_file
 
 
 def _dataset_with_invalid_utf8(row: int) -> datasets.Dataset:
@@ -32,12 +31,6 @@ def test_a_saved_data_set_with_invalid_text_fails_at_setup(tmp_path):
     with pytest.raises(DataError, match=r"saved' \(split 'train'\), row 2 \(counting from 0\), column 'question'"):
         data.setup("fit")
 
-
-def test_rewards_columns_are_checked_by_the_name_they_are_configured_with():
-    check_reward_columns([ExactAnswer("solution")], ["question", "solution"], "d", "sampler.rewards")
-    with pytest.raises(DataError, match=r"evaluation.correct: ExactAnswer reads the column\(s\) \['solution'\]"):
-        check_reward_columns([ExactAnswer("solution")], ["question", "answer"], "d", "evaluation.correct")
-    check_reward_columns([lambda prompts, completions, **columns: []], [], "d", "sampler.rewards")  # undeclared
 
 
 def test_a_good_text_file_passes(tmp_path):

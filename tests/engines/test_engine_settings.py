@@ -62,7 +62,7 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_ranks_is_refused_before
     with pytest.raises(ValueError, match=r"sampler.engine.dtype must be one of \['auto', 'float32', 'bfloat16', 'float16'\]"):
         VLLMEngine(dtype="fp8")
     engine = VLLMEngine(tensor_parallel_size=2)
-    trainer = SimpleNamespace(world_size=1, global_step=0, precision="32-true", strategy=None)
+    trainer = SimpleNamespace(world_size=1, global_rank=0, local_rank=0, global_step=0, precision="32-true", strategy=None)
     with pytest.raises(ValueError, match=r"tensor_parallel_size=2 must divide the 1 training rank\(s\) \(allowed: the"):
         engine.setup(trainer, SimpleNamespace())
     assert engine.llm is None

@@ -53,7 +53,7 @@ def main() -> None:
     module = GSPOModule(tiny)
     module.configure_model()
     tokenizer = module.tokenizer
-    trainer = SimpleNamespace(world_size=1, global_step=0, precision="32-true", strategy=None)
+    trainer = SimpleNamespace(world_size=1, global_rank=0, local_rank=0, global_step=0, precision="32-true", strategy=None)
     engine = VLLMEngine(enforce_eager=True, seed=7)
     engine.setup(trainer, module)
     ids, mask = encode_prompts(tokenizer, PROMPTS, "cpu")

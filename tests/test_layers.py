@@ -1,0 +1,60 @@
+"""The package's layers point one way, and pure math stays pure: read from the source's imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gspo_lightning"
+
+# package (or module) -> what it must never import
+FORBIDDEN = {
+    "rollout": ("gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.cli"),
+    "data": ("gspo_lightning.module", "gspo_lightning.cli", "gspo_lightning.engines"),
+    "engines": ("gspo_lightning.rollout", "gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.models"),
+    "rewards": ("gspo_lightning.rollout", "gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.engines"),
+    "objectives": ("gspo_lightning.rollout", "gspo_lightning.data", "lightning", "torch.distributed"),
+    "rollout/round.py": ("lightning",),
+    "diagnostics.py": ("lightning", "torch.distributed"),
+    "logprobs.py": ("lightning", "torch.distributed"),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_a_layer_does_not_import_what_sits_above_it(part):
+    target = PACKAGE / part
+    files = sorted(target.rglob("*.py")) if target.is_dir() else [target]
+    assert files, part
+    found = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in files
+        for name in sorted(_imports(path))
+        if any(name == banned or name.startswith(banned + ".") for banned in FORBIDDEN[part])
+    ]
+    assert found == []
+
+
+def test_the_vllm_engine_sets_the_environment_in_one_place():
+    tree = ast.parse((PACKAGE / "engines/vllm_engine.py").read_text())
+    writers = set()
+    for function in (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)):
+        for node in ast.walk(function):
+            target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+            subscript = isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store)
+            if subscript or (target is not None and node.func.attr == "setdefault"):
+                text = ast.unparse(node)
+                if "os.environ" in text:
+                    writers.add(function.name)
+    assert writers == {"set_vllm_environment"}
