@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from gspo_lightning.rewards.columns import check_reward_columns
+from gspo_lightning.objectives import ADVANTAGE_SCALES
 from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
 from gspo_lightning.rewards.scoring import REWARD_ERRORS
 from gspo_lightning.rollout.minibatches import check_divisible
@@ -37,6 +38,18 @@ def validate_sampling(
     untruncated += "vocabulary, so truncated sampling would bias the gradient (evaluation.top_p/top_k may truncate)"
     require(top_p == 1, f"sampler.top_p must be 1.0 (no nucleus truncation), got {top_p}: {untruncated}")
     require(top_k == 0, f"sampler.top_k must be 0 (no top-k truncation), got {top_k}: {untruncated}")
+
+
+def validate_round(advantage_scale: str, max_extra_draws: int) -> None:
+    """What the advantages are divided by, and dynamic sampling's cap on extra draws."""
+    require(
+        advantage_scale in ADVANTAGE_SCALES,
+        f"sampler.advantage_scale must be one of {list(ADVANTAGE_SCALES)}, got {advantage_scale!r}",
+    )
+    require(
+        isinstance(max_extra_draws, int) and max_extra_draws >= 0,
+        f"sampler.max_extra_draws must be an integer >= 0, got {max_extra_draws!r}",
+    )
 
 
 def check_routing_replay(routing_replay: bool, old_logprobs: str) -> None:

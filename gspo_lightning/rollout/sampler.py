@@ -20,37 +20,21 @@ from lightning.pytorch.callbacks import Callback
 
 from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
 from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
-from gspo_lightning.objectives import ADVANTAGE_SCALES, AdvantageScale
+from gspo_lightning.objectives import AdvantageScale
 from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
 from gspo_lightning.rewards.scoring import RewardErrors, RewardFunction
-from gspo_lightning.rollout.checks import (
-    OldLogprobSource,
-    check_chat_template,
-    check_data_columns,
-    check_prompt_lengths,
-    check_rollout_correction,
-    check_rollout_shape,
-    check_routing_replay,
-    validate_old_logprobs,
-    validate_robustness,
-    validate_sampling,
-)
+from gspo_lightning.rollout import checks
+from gspo_lightning.rollout.checks import OldLogprobSource
 from gspo_lightning.rollout.contract import SamplerModule, check_sampler_module, round_model
 from gspo_lightning.rollout.minibatches import check_divisible
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length
 from gspo_lightning.rollout.round import RoundModel, RoundSettings, round_advantages, run_round, sample_groups
-from gspo_lightning.rollout.state import (
-    evaluation_seed,
-    gather_per_rank,
-    rank_and_world,
-    restore_rng_states,
-    rng_states,
-    select_rank,
-)
+from gspo_lightning.rollout.state import evaluation_seed, rank_and_world, restore_rng_states, restored_round
+from gspo_lightning.rollout.state import round_checkpoint
 from gspo_lightning.rollout.stats import rollout_stats
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
 from gspo_lightning.strategies import inference_context, parameters_are_sharded
-from gspo_lightning.validation import SettingError, require
+from gspo_lightning.validation import SettingError
 
 
 class GroupSampler(Callback):
@@ -138,19 +122,10 @@ class GroupSampler(Callback):
         max_extra_draws: int = 4,
         mask_truncated: bool = False,
     ) -> None:
-        validate_old_logprobs(old_logprobs)
-        validate_sampling(
-            rewards, reward_weights, group_size, num_minibatches, top_p, top_k
-        )
-        require(
-            advantage_scale in ADVANTAGE_SCALES,
-            f"sampler.advantage_scale must be one of {list(ADVANTAGE_SCALES)}, got {advantage_scale!r}",
-        )
-        validate_robustness(reward_timeout_s, reward_isolation, reward_errors, prompt_overflow)
-        require(
-            isinstance(max_extra_draws, int) and max_extra_draws >= 0,
-            f"sampler.max_extra_draws must be an integer >= 0, got {max_extra_draws!r}",
-        )
+        checks.validate_old_logprobs(old_logprobs)
+        checks.validate_sampling(rewards, reward_weights, group_size, num_minibatches, top_p, top_k)
+        checks.validate_round(advantage_scale, max_extra_draws)
+        checks.validate_robustness(reward_timeout_s, reward_isolation, reward_errors, prompt_overflow)
         self.engine = resolve_engine(engine)
         self.rewards: list[RewardFunction] = list(rewards)
         self.reward_runner = RewardRunner(reward_isolation, reward_timeout_s)
@@ -192,19 +167,19 @@ class GroupSampler(Callback):
         if stage != "fit":
             return
         module = check_sampler_module(pl_module)
-        check_rollout_shape(trainer.datamodule, self.group_size, self.num_minibatches)
-        check_chat_template(trainer.datamodule, module.tokenizer)
-        check_routing_replay(module.routing_replay, self.old_logprobs)
-        check_rollout_correction(module.rollout_correction.mode, self.old_logprobs)
-        check_data_columns(trainer.datamodule, self.rewards, "train", "sampler.rewards")
+        checks.check_rollout_shape(trainer.datamodule, self.group_size, self.num_minibatches)
+        checks.check_chat_template(trainer.datamodule, module.tokenizer)
+        checks.check_routing_replay(module.routing_replay, self.old_logprobs)
+        checks.check_rollout_correction(module.rollout_correction.mode, self.old_logprobs)
+        checks.check_data_columns(trainer.datamodule, self.rewards, "train", "sampler.rewards")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = check_sampler_module(pl_module)
         round_model(module, False, False)  # the policy and tokenizer exist now
-        check_chat_template(trainer.datamodule, module.tokenizer)  # a tokenizer built in configure_model
+        checks.check_chat_template(trainer.datamodule, module.tokenizer)  # a tokenizer built in configure_model
         if self.round.prompt_overflow == "error":
             context = context_length(module.policy, module.tokenizer)
-            check_prompt_lengths(trainer.datamodule, module.tokenizer, context, module.max_new_tokens)
+            checks.check_prompt_lengths(trainer.datamodule, module.tokenizer, context, module.max_new_tokens)
         for reward in self.rewards:  # e.g. LengthPenalty counts the policy's tokens
             if callable(getattr(reward, "setup", None)):
                 reward.setup(module.tokenizer)
@@ -296,25 +271,14 @@ class GroupSampler(Callback):
     def state_dict(self) -> dict[str, Any]:
         """Each rank's partly consumed round and random generators travel with the checkpoint, so a resumed
         run trains on the same data and draws the same samples as an uninterrupted one."""
-        local = {
-            "rollout_index": self._rollout_index,
-            "minibatches": [{k: v.cpu() for k, v in mb.tensors().items()} for mb in self._minibatches],
-            "stats": self._stats,
-            "rng": rng_states(),
-        }
-        return {"per_rank": gather_per_rank(local), "settings": self._fixed_settings()}
+        return round_checkpoint(self._rollout_index, self._minibatches, self._stats, self._fixed_settings())
 
     def _fixed_settings(self) -> dict[str, int]:
         """What a resumed run cannot change: the saved round, its advantages and the data position depend on it."""
         return {"sampler.group_size": self.group_size, "sampler.num_minibatches": self.num_minibatches}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        saved = state_dict.get("settings", {})  # absent in checkpoints from before they were recorded
-        changed = [f"{name} (checkpoint {saved[name]}, now {value})" for name, value in self._fixed_settings().items()
-                   if name in saved and saved[name] != value]  # fmt: skip
-        if changed:
-            raise SettingError(f"cannot resume with a changed {', '.join(changed)}: start a new run to change it")
-        local = select_rank(state_dict["per_rank"], "GroupSampler")
+        local = restored_round(state_dict, self._fixed_settings(), "GroupSampler")
         self._rollout_index = local["rollout_index"]
         self._minibatches = [Minibatch(**fields) for fields in local["minibatches"]]
         self._stats = local["stats"]

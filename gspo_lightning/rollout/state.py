@@ -17,6 +17,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gspo_lightning.rollout.types import Minibatch
+from gspo_lightning.validation import SettingError
+
 
 def rng_states() -> dict[str, Any]:
     """The global Python, NumPy, torch CPU and (when present) CUDA generator states."""
@@ -108,3 +111,26 @@ def select_rank(per_rank: list[dict[str, Any]], owner: str) -> dict[str, Any]:
             "needs the same number of devices (or start a new run from the exported policy)"
         )
     return per_rank[rank]
+
+
+def round_checkpoint(
+    rollout_index: int | None, minibatches: list[Minibatch], stats: dict[str, torch.Tensor], fixed: dict[str, int]
+) -> dict[str, Any]:
+    """A sampler's checkpoint: every rank's partly consumed round and random state, and the settings it fixes."""
+    local = {
+        "rollout_index": rollout_index,
+        "minibatches": [{k: v.cpu() for k, v in mb.tensors().items()} for mb in minibatches],
+        "stats": stats,
+        "rng": rng_states(),
+    }
+    return {"per_rank": gather_per_rank(local), "settings": fixed}
+
+
+def restored_round(state_dict: dict[str, Any], fixed: dict[str, int], owner: str) -> dict[str, Any]:
+    """This rank's part of ``round_checkpoint``'s output, once the settings it fixed are checked unchanged."""
+    saved = state_dict.get("settings", {})  # absent in checkpoints from before they were recorded
+    changed = [f"{name} (checkpoint {saved[name]}, now {value})" for name, value in fixed.items()
+               if name in saved and saved[name] != value]  # fmt: skip
+    if changed:
+        raise SettingError(f"cannot resume with a changed {', '.join(changed)}: start a new run to change it")
+    return select_rank(state_dict["per_rank"], owner)
