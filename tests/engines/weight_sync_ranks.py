@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gspo_lightning.engines.vllm_engine import _fsdp1_root  # noqa: E402
+from gspo_lightning.strategies import fsdp1_root  # noqa: E402
 from gspo_lightning.engines.weight_sync import policy_weight_groups  # noqa: E402
 from gspo_lightning.models import TinyQwen3  # noqa: E402
 from tests.distributed.one_step import STRATEGIES, TINY, FixedBatches, SGDModule, global_minibatch  # noqa: E402
@@ -27,7 +27,7 @@ class Gather(pl.Callback):
     def on_train_start(self, trainer, pl_module):
         weights, largest = {}, 0
         with torch.no_grad():
-            for group in policy_weight_groups(pl_module.policy, _fsdp1_root(trainer)):
+            for group in policy_weight_groups(pl_module.policy, fsdp1_root(trainer)):
                 largest = max(largest, sum(tensor.numel() for _, tensor in group))
                 weights.update({name: tensor.detach().clone().cpu() for name, tensor in group})
         torch.save({"weights": weights, "largest": largest}, f"{self.out}.rank{trainer.global_rank}.pt")
