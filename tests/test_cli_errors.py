@@ -76,7 +76,7 @@ YAML_MISTAKES = [
     # a typo inside a nested class is matched against that class's settings
     ("model:\n  init_args:\n    policy:\n      init_args:\n        num_digitz: 3\n",
      "unknown setting model.init_args.policy.init_args.num_digitz "
-     "(gspo_lightning.models.warm_start.WarmStartedTinyQwen3); did you mean num_digits?"),
+     "(gspo_lightning.data.arithmetic_warm_start.WarmStartedTinyQwen3); did you mean num_digits?"),
     ("sampler:\n  group_sise: 4\n",
      "unknown setting sampler.group_sise (gspo_lightning.rollout.sampler.GroupSampler); did you mean group_size?"),
 ]  # fmt: skip

@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gspo_lightning"
 # package (or module) -> what it must never import
 FORBIDDEN = {
     "rollout": ("gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.cli"),
+    "models": ("gspo_lightning.data", "gspo_lightning.rollout", "gspo_lightning.rewards", "gspo_lightning.module"),
     "data": ("gspo_lightning.module", "gspo_lightning.cli", "gspo_lightning.engines"),
     "engines": ("gspo_lightning.rollout", "gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.models"),
     "rewards": ("gspo_lightning.rollout", "gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.engines"),
@@ -20,6 +21,10 @@ FORBIDDEN = {
     "diagnostics.py": ("lightning", "torch.distributed"),
     "logprobs.py": ("lightning", "torch.distributed"),
 }
+
+
+# the one import that points back up: old class paths of the task warm starts, resolved on first use
+ALLOWED = {("models/__init__.py", "gspo_lightning.data")}
 
 
 def _imports(path: Path) -> set[str]:
@@ -42,6 +47,7 @@ def test_a_layer_does_not_import_what_sits_above_it(part):
         for path in files
         for name in sorted(_imports(path))
         if any(name == banned or name.startswith(banned + ".") for banned in FORBIDDEN[part])
+        and (str(path.relative_to(PACKAGE)), name) not in ALLOWED
     ]
     assert found == []
 

@@ -4,8 +4,9 @@ A randomly initialised model never answers correctly, so every GSPO group would 
 learning signal. A warm start first trains the tiny model on train-side demonstrations of the task until its
 greedy accuracy reaches ``target_accuracy`` (low enough to leave RL something to improve), and caches the
 result on disk, keyed by a hash of every setting, so later runs and other ranks reuse it.
-``WarmStartedTinyQwen3`` does it for arithmetic (the quick start); ``CountdownWarmStartedTinyQwen3`` in
-:mod:`gspo_lightning.models.countdown_warm_start` for Countdown.
+``SupervisedWarmStart`` is the recipe; each task's own loader sits next to the task in ``gspo_lightning.data``:
+``WarmStartedTinyQwen3`` (arithmetic, the quick start), ``CountdownWarmStartedTinyQwen3``,
+``ScratchpadWarmStartedTinyQwen3``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import torch
 from filelock import FileLock
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from gspo_lightning.data.arithmetic import arithmetic_problems
 from gspo_lightning.models.cache import cache_root, is_complete, save_atomically, settings_hash
 from gspo_lightning.models.loaders import PolicyLoader, TinyQwen3
 from gspo_lightning.models.supervised import train_warm_start
@@ -164,44 +164,6 @@ class SupervisedWarmStart(PolicyLoader, ABC):
                 f"but the tokenizer has {len(tokenizer)} tokens; use this loader's load_tokenizer()"
             )
         return model
-
-
-class WarmStartedTinyQwen3(SupervisedWarmStart):
-    """``TinyQwen3`` trained on arithmetic (the quick-start task) until it is partly right.
-
-    A randomly initialised model never answers correctly, so every GSPO group would get the same reward and no
-    learning signal. This loader first trains the tiny model on train-side problems until its greedy
-    exact-match accuracy reaches ``target_accuracy`` (low enough to leave RL something to improve), and caches
-    the result on disk, keyed by a hash of every setting, so later runs and other ranks reuse it.
-    """
-
-    task_settings = ("num_digits", "operations")
-
-    def __init__(self, num_digits: int = 3, operations: str = "+", **kwargs: Any) -> None:
-        """
-        Args:
-            num_digits: digits of each operand, as in the RL task.
-            operations: arithmetic operations to train on, a string of ``+-*``.
-        """
-        super().__init__(**kwargs)
-        next(arithmetic_problems(1, num_digits, operations))  # validates digits and operations
-        self.num_digits = num_digits
-        self.operations = operations
-        self.check_fits_model()
-
-    def demonstrations(self, count: int, seed: int) -> Iterator[dict[str, str]]:
-        return arithmetic_problems(count, self.num_digits, self.operations, seed=seed)
-
-    def is_correct(self, demonstration: dict[str, str], completion: str) -> bool:
-        return completion == demonstration["answer"]
-
-    def longest_demonstration(self) -> dict[str, str]:
-        widest = "9" * self.num_digits
-        # a sum has a carry digit, a difference a sign, a product twice the digits
-        answer = max(
-            {"+": self.num_digits + 1, "-": self.num_digits + 1, "*": 2 * self.num_digits}[op] for op in self.operations
-        )
-        return {"question": f"{widest}{self.operations[0]}{widest}", "answer": "9" * answer}
 
 
 def ensure_cached(loader: SupervisedWarmStart, path: Path) -> None:

@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gspo_lightning.models import WARM_START_VERSION, TinyQwen3, WarmStartedTinyQwen3, warm_start
+from gspo_lightning.data import WarmStartedTinyQwen3
+from gspo_lightning.models import WARM_START_VERSION, TinyQwen3, warm_start
 from gspo_lightning.models.cache import REPORT_FILE
 from gspo_lightning.models.supervised import training_batch
 
@@ -228,3 +229,14 @@ def test_training_shows_its_progress_and_its_outcome(tmp_path: Path, capsys: pyt
     capsys.readouterr()
     loader.load_model(loader.load_tokenizer())  # cached: nothing to show
     assert "warm start" not in capsys.readouterr().err
+
+
+def test_the_old_class_paths_of_the_task_warm_starts_still_load_with_a_warning():
+    import gspo_lightning.data as data
+    import gspo_lightning.models as models
+
+    for name in ("WarmStartedTinyQwen3", "CountdownWarmStartedTinyQwen3", "ScratchpadWarmStartedTinyQwen3"):
+        with pytest.warns(FutureWarning, match=rf"gspo_lightning.models.{name} moved to gspo_lightning.data.{name}"):
+            assert getattr(models, name) is getattr(data, name)
+    with pytest.raises(AttributeError):
+        models.NoSuchLoader  # noqa: B018

@@ -6,7 +6,8 @@ import pytest
 
 from gspo_lightning.data import ScratchpadAdditionTask
 from gspo_lightning.data.scratchpad import SCRATCHPAD_ALPHABET, scratchpad_length
-from gspo_lightning.models import ScratchpadWarmStartedTinyQwen3, TinyQwen3
+from gspo_lightning.data import ScratchpadWarmStartedTinyQwen3
+from gspo_lightning.models import TinyQwen3
 from gspo_lightning.models.supervised import evaluate_accuracy, training_batch
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gspo_lightning.models import CountdownWarmStartedTinyQwen3, TinyQwen3
-from gspo_lightning.models.countdown_warm_start import COUNTDOWN_ALPHABET
+from gspo_lightning.data import CountdownWarmStartedTinyQwen3
+from gspo_lightning.data.countdown_warm_start import COUNTDOWN_ALPHABET
+from gspo_lightning.models import TinyQwen3
 from gspo_lightning.models.cache import REPORT_FILE
 from gspo_lightning.models.supervised import training_batch
 
