@@ -38,7 +38,7 @@ def run(checkout: Path, out: Path) -> dict[str, list[dict[str, str]]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True)
     parser.add_argument("--after", type=Path, default=Path("."))
     args = parser.parse_args()
