@@ -4,11 +4,13 @@ that may change (max_steps, the learning rate) take effect instead of the checkp
 from __future__ import annotations
 
 import csv
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from gspo_lightning.cli import main
 from tests.test_resume import _config, _run
 
 STEPS = 4
@@ -21,11 +23,15 @@ def checkpointed(tmp_path_factory) -> tuple[Path, Path]:
     config = _config(directory, checkpoint_every=STEPS, steps=STEPS)
     result = _run(config)
     assert result.returncode == 0, result.stderr[-3000:]
-    return config, directory / "ckpt/last.ckpt"
+    pristine = directory / "pristine.ckpt"  # resumed runs write ckpt/last.ckpt again: each case starts from this
+    shutil.copy(directory / "ckpt/last.ckpt", pristine)
+    return config, pristine
 
 
-def _resume(config: Path, checkpoint: Path, *overrides: str) -> None:
-    main(["fit", "-c", str(config), f"--ckpt_path={checkpoint}", "--trainer.logger.init_args.version=1", *overrides])
+def _resume(config: Path, checkpoint: Path, workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """A resume in its own process, as a user runs it, from a private copy of the finished run's checkpoint."""
+    private = shutil.copy(checkpoint, workdir / "last.ckpt")
+    return _run(config, f"--ckpt_path={private}", "--trainer.logger.init_args.version=1", *overrides)
 
 
 @pytest.mark.slow
@@ -39,18 +45,18 @@ def _resume(config: Path, checkpoint: Path, *overrides: str) -> None:
         ("--data.init_args.prompts_per_rollout=8", r"settings that decide which prompts come next changed: prompts_per_rollout \(saved 4, now 8\)"),
     ],
 )  # fmt: skip
-def test_a_setting_that_cannot_change_is_refused(checkpointed, tmp_path, monkeypatch, override, message):
+def test_a_setting_that_cannot_change_is_refused(checkpointed, tmp_path, override, message):
     config, checkpoint = checkpointed
-    monkeypatch.chdir(config.parent)
-    with pytest.raises(ValueError, match=message):
-        _resume(config, checkpoint, override, "--trainer.max_steps=8")
+    result = _resume(config, checkpoint, tmp_path, override, "--trainer.max_steps=8")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert re.search(message, result.stderr.strip().splitlines()[-1]), result.stderr[-3000:]
 
 
 @pytest.mark.slow
-def test_max_steps_and_a_new_learning_rate_take_effect(checkpointed, monkeypatch):
+def test_max_steps_and_a_new_learning_rate_take_effect(checkpointed, tmp_path):
     config, checkpoint = checkpointed
-    monkeypatch.chdir(config.parent)
-    _resume(config, checkpoint, "--optimizer.init_args.lr=3e-4", "--trainer.max_steps=6")
+    result = _resume(config, checkpoint, tmp_path, "--optimizer.init_args.lr=3e-4", "--trainer.max_steps=6")
+    assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader((config.parent / "runs/tiny/version_1/metrics.csv").open()))
     learning_rates = {int(r["step"]): float(r["lr-AdamW"]) for r in rows if r.get("lr-AdamW")}
     assert sorted(learning_rates) == [4, 5]  # resumed at step 4, stopped at the new max_steps
