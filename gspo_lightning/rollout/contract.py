@@ -65,11 +65,16 @@ def check_sampler_module(module: Any) -> SamplerModule:
     return module
 
 
-def round_model(module: SamplerModule, engine_logprobs: bool, synced_gpus: bool) -> RoundModel:
-    """The parts of the module a round uses, once the policy is built."""
+def check_built(module: SamplerModule) -> None:
+    """The module's policy and tokenizer exist (``configure_model`` has run)."""
     for name in ("policy", "tokenizer"):
         if getattr(module, name) is None:
             raise SettingError(f"GroupSampler needs the LightningModule's {name} by the time training starts")
+
+
+def round_model(module: SamplerModule, engine_logprobs: bool, synced_gpus: bool) -> RoundModel:
+    """The parts of the module a round uses, once the policy is built."""
+    check_built(module)
     return RoundModel(
         policy=module.policy,
         tokenizer=module.tokenizer,

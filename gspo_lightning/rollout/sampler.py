@@ -25,7 +25,7 @@ from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
 from gspo_lightning.rewards.scoring import RewardErrors, RewardFunction
 from gspo_lightning.rollout import checks
 from gspo_lightning.rollout.checks import OldLogprobSource
-from gspo_lightning.rollout.contract import SamplerModule, check_sampler_module, round_model
+from gspo_lightning.rollout.contract import SamplerModule, check_built, check_sampler_module, round_model
 from gspo_lightning.rollout.minibatches import check_divisible
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length
 from gspo_lightning.rollout.round import RoundModel, RoundSettings, round_advantages, run_round, sample_groups
@@ -175,7 +175,7 @@ class GroupSampler(Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = check_sampler_module(pl_module)
-        round_model(module, False, False)  # the policy and tokenizer exist now
+        check_built(module)
         checks.check_chat_template(trainer.datamodule, module.tokenizer)  # a tokenizer built in configure_model
         if self.round.prompt_overflow == "error":
             context = context_length(module.policy, module.tokenizer)
