@@ -67,13 +67,18 @@ def _clipped_token_counts(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, token_mask: Tensor, eps_low: float,
     eps_high: float, ratio_level: RatioLevel, seq_ratio: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    """Per response, the number of tokens whose gradient clipping removes, on the low and the high side."""
+    """Per response, the number of tokens whose gradient clipping removes, on the low and the high side.
+    ``advantages`` [N], or [N, T] per token (then each token's sign decides, also under one sequence ratio)."""
     lengths = token_mask.sum(dim=1).float()  # [N]
-    if ratio_level == "sequence":  # a response is clipped as a unit: all its tokens or none
+    per_token = advantages.dim() == 2
+    if ratio_level == "sequence" and not per_token:  # a response is clipped as a unit: all its tokens or none
         _, low, high = clipped_surrogate(seq_ratio, advantages, eps_low, eps_high)  # [N] each
         return low.float() * lengths, high.float() * lengths  # [N] each
-    token_ratio = exp_with_linear_tail(token_log_ratio(logprobs, old_logprobs, token_mask))  # [N, T]
-    _, low, high = clipped_surrogate(token_ratio, advantages.unsqueeze(1), eps_low, eps_high)  # [N, T] each
+    if ratio_level == "sequence":
+        ratio = seq_ratio.unsqueeze(1)  # [N, 1]
+    else:
+        ratio = exp_with_linear_tail(token_log_ratio(logprobs, old_logprobs, token_mask))  # [N, T]
+    _, low, high = clipped_surrogate(ratio, advantages if per_token else advantages.unsqueeze(1), eps_low, eps_high)
     return (low & token_mask).sum(dim=1).float(), (high & token_mask).sum(dim=1).float()  # [N] each
 
 
@@ -131,7 +136,7 @@ def ratio_diagnostics(
 
     Args:
         logprobs, old_logprobs, mask: [N, T]; mask nonzero on response tokens (bool, int or float).
-        advantages: [N] one advantage per response (Eq. 6).
+        advantages: [N] one advantage per response (Eq. 6), or [N, T] one per token (per-turn advantages).
         eps_low, eps_high: the objective's clip range ``[1 - eps_low, 1 + eps_high]``.
         ratio_level: ``"sequence"`` (GSPO, GSPO-token: ``s_i`` of Eq. 7 clipped per response) or ``"token"``
             (GRPO and variants: ``w_i,t`` of Eq. 2 clipped per token). Decides only the clip fractions.
@@ -157,7 +162,7 @@ def ratio_diagnostics(
     """
     if ratio_level not in RATIO_LEVELS:
         raise ValueError(f"ratio_level must be one of {', '.join(RATIO_LEVELS)}, got {ratio_level!r}")
-    validate_shapes(logprobs, old_logprobs, advantages, mask)
+    validate_shapes(logprobs, old_logprobs, advantages, mask, per_token_advantages=True)
     edges = _validate_edges(length_edges)
     logprobs, old_logprobs = logprobs.detach(), old_logprobs.detach()
     token_mask = mask != 0  # [N, T]

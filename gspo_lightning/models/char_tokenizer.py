@@ -20,6 +20,19 @@ SIMPLE_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
+# A compact chat template with tools for CPU demos and tests of episodes: the tools' names on a first line, then
+# "U:" / "T:" lines for user and tool messages; an assistant message is "A:" + its text + EOS, as sampled.
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}{{ 'tools:' }}{% for tool in tools %}{{ ' ' + tool['function']['name'] }}{% endfor %}"
+    "{{ '\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{{ 'A:' + message['content'] + '<eos>' }}"
+    "{% elif message['role'] == 'tool' %}{{ 'T:' + message['content'] + '\n' }}"
+    "{% elif message['role'] == 'system' %}{{ 'S:' + message['content'] + '\n' }}"
+    "{% else %}{{ 'U:' + message['content'] + '\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'A:' }}{% endif %}"
+)
 PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)  # order fixes their ids: 0, 1, 2
 

@@ -57,14 +57,19 @@ def group_advantages(rewards: Tensor, group_size: int, scale: AdvantageScale = "
     grouped = rewards.detach().float().reshape(-1, group_size)  # [P, G]
     if grouped.numel() == 0:
         return grouped.reshape(-1)  # [0]
-    centred = grouped - grouped.mean(dim=1, keepdim=True)  # [P, G]
+    mean, denominator, no_signal = group_normaliser(grouped, scale)  # [P, 1], [P|1, 1], [P, 1]
+    advantages = torch.where(no_signal, torch.zeros_like(grouped), (grouped - mean) / denominator)  # [P, G]
+    return advantages.reshape(-1)  # [N]
+
+
+def group_normaliser(grouped: Tensor, scale: AdvantageScale) -> tuple[Tensor, Tensor, Tensor]:
+    """Eq. 6's centre and scale of [P, G] float32 rewards: the group means [P, 1], the denominators [P, 1] or
+    [1, 1] (1 where there is no signal, so no NaN reaches even a discarded branch) and which groups carry no
+    signal [P, 1] (equal rewards, or a zero denominator)."""
     _, zero_variance = spread(grouped)  # [P, 1]
     denominator, zero_denominator = _DENOMINATORS[scale](grouped)  # [P, 1] or [1, 1] each
-    no_signal = zero_variance | zero_denominator  # [P, 1]
-    # Dividing by 1 where there is no signal keeps NaN out even of the branch that `where` discards.
     safe_denominator = torch.where(zero_denominator, torch.ones_like(denominator), denominator)  # [P|1, 1]
-    advantages = torch.where(no_signal, torch.zeros_like(grouped), centred / safe_denominator)  # [P, G]
-    return advantages.reshape(-1)  # [N]
+    return grouped.mean(dim=1, keepdim=True), safe_denominator, zero_variance | zero_denominator
 
 
 def spread(values: Tensor) -> tuple[Tensor, Tensor]:
@@ -105,4 +110,42 @@ def advantages_with_skips(rewards: Tensor, skipped: Tensor, group_size: int, sca
     advantages = torch.zeros(rewards.shape, dtype=torch.float32, device=rewards.device)  # [N]
     kept = ~skipped  # [N] whole groups, so the kept rows stay group-contiguous
     advantages[kept] = group_advantages(rewards[kept], group_size, scale)  # [N_kept]
+    return advantages
+
+
+def turn_advantages(
+    turn_rewards: Tensor, turn_index: Tensor, skipped: Tensor, group_size: int, scale: AdvantageScale = "group"
+) -> Tensor:
+    """Per-turn advantages of multi-turn episodes, one per token: ``A_i,t = (G_i,k - mean_g G_g,0) / scale``.
+
+    ``G_i,k`` is episode i's return from turn k on (the sum of its rewards from turn k, no discount) and ``k`` the
+    turn token t belongs to; the centre and scale are Eq. 6's over the group's episode returns ``G_g,0``. A turn's
+    tokens are credited with what follows it, not with rewards earned before it (those cannot depend on it, so
+    subtracting them is a valid baseline). With all reward at the end every ``G_i,k = G_i,0`` and each token gets
+    its episode's advantage (Eq. 6). For GSPO-token (Eqs. 13-17), whose per-token advantages this feeds.
+
+    Args:
+        turn_rewards: [N, K] each turn's reward (0 after an episode's last turn), groups contiguous.
+        turn_index: [N, T] the turn of each token, -1 where the policy did not write it.
+        skipped: [N] bool, responses of skipped groups (their advantages are 0).
+        group_size: G.
+        scale: as in ``group_advantages``.
+
+    Returns:
+        [N, T] float32, 0 on tokens of no turn and in skipped or zero-signal groups.
+    """
+    rewards = torch.where(skipped[:, None], torch.zeros_like(turn_rewards), turn_rewards).float()  # [N, K]
+    returns = rewards.flip(-1).cumsum(-1).flip(-1)  # [N, K] return from turn k on
+    advantages = torch.zeros(turn_index.shape, dtype=torch.float32, device=turn_index.device)  # [N, T]
+    kept = ~skipped  # [N] whole groups
+    if not bool(kept.any()):
+        return advantages
+    episode = returns[kept, 0].reshape(-1, group_size)  # [P_kept, G]
+    mean, denominator, no_signal = group_normaliser(episode, scale)  # [P_kept, 1] x3 (or [1, 1])
+    per_turn = (returns[kept].reshape(-1, group_size, returns.shape[1]) - mean[..., None]) / denominator[..., None]
+    per_turn = torch.where(no_signal[..., None], torch.zeros_like(per_turn), per_turn)  # [P_kept, G, K]
+    per_turn = per_turn.reshape(-1, returns.shape[1])  # [N_kept, K]
+    index = turn_index[kept].clamp(min=0)  # [N_kept, T]
+    tokens = torch.gather(per_turn.to(index.device), 1, index)  # [N_kept, T]
+    advantages[kept] = torch.where(turn_index[kept] >= 0, tokens, torch.zeros_like(tokens))
     return advantages

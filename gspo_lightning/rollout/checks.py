@@ -214,3 +214,44 @@ def check_prompt_lengths(datamodule: Any, tokenizer: Any, context: int | None, m
                 f"length {context} ({count} prompt(s) of the split do); set sampler.prompt_overflow to 'truncate' or "
                 f"'skip' (allowed: {list(PROMPT_OVERFLOWS)}), shorten those prompts or lower model.max_new_tokens"
             )
+
+
+def validate_episodes(episodes: Any, prompt_overflow: str, engine: Any) -> None:
+    """Settings that contradict multi-turn episodes, refused when the sampler is built."""
+    if episodes is None:
+        return
+    require(
+        prompt_overflow == "error",
+        f"sampler.prompt_overflow={prompt_overflow!r} applies to single responses; an episode's first messages must "
+        "fit and its turns stop at sampler.episodes.max_episode_tokens: set sampler.prompt_overflow: error",
+    )
+    require(
+        getattr(engine, "tensor_parallel_size", 1) == 1,
+        "sampler.episodes with sampler.engine.tensor_parallel_size > 1 is not supported (every rank of a tensor-"
+        "parallel engine would have to run the same episodes): use tensor_parallel_size: 1",
+    )
+
+
+def check_turn_advantages(episodes: Any, module: Any) -> None:
+    """Per-turn advantages vary along a response: the objective must take one advantage per token."""
+    if episodes is None or not episodes.turn_advantages:
+        return
+    spec = getattr(module, "objective", None)
+    objective = getattr(spec, "objective", None)
+    if objective is None:  # another module: its loss takes what it takes
+        return
+    require(
+        objective.per_token_advantages,
+        f"sampler.episodes.turn_advantages gives every token its turn's advantage, but objective {spec.name!r} takes "
+        "one advantage per response: use an objective with per-token advantages (e.g. gspo_token, grpo) or set "
+        "turn_advantages: false",
+    )
+
+
+def check_episode_tokenizer(tokenizer: Any) -> None:
+    """Episodes render their messages with the chat template, whose assistant messages end with EOS."""
+    require(
+        bool(getattr(tokenizer, "chat_template", None)),
+        "sampler.episodes renders the conversation with the tokenizer's chat template, but the policy's tokenizer "
+        "has none: use a chat model's tokenizer or give the policy loader a chat_template",
+    )

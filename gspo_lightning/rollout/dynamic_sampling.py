@@ -14,11 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gspo_lightning.rollout.types import Rollout
+from gspo_lightning.rollout.types import EpisodeCounts, Rollout
 
 # Rollout fields by how they are padded when rollouts of different widths are joined.
 _LEFT_PADDED = ("prompt_ids", "prompt_mask")  # [N, Lp], the prompt's end aligned
-_RIGHT_PADDED = ("response_ids", "response_mask", "engine_logprobs")  # [N, R]
+# [N, R] (or [N, K] turns), with the value padding takes
+_RIGHT_PADDED = {"response_ids": None, "response_mask": 0, "engine_logprobs": 0, "response_attention": 0,
+                 "turn_index": -1, "turn_rewards": 0, "token_advantages": 0}  # fmt: skip
 _PER_RESPONSE = ("rewards", "advantages", "truncated", "prompt_cut", "prompt_skipped", "kl_penalties")  # [N]
 _PER_RESPONSE_LISTS = ("completions", "prompts")  # N items
 
@@ -33,13 +35,13 @@ def informative_groups(rewards: Tensor, group_size: int) -> Tensor:
 def concat_rollouts(rollouts: list[Rollout], pad_token_id: int) -> Rollout:
     """One rollout holding every rollout's responses in order (prompt i of rollout 2 after all of rollout 1's)."""
     joined = {}
-    for name in _LEFT_PADDED + _RIGHT_PADDED:
+    for name in (*_LEFT_PADDED, *_RIGHT_PADDED):
         tensors = [getattr(r, name) for r in rollouts]
         if any(t is None for t in tensors):
             joined[name] = None
             continue
         width = max(t.shape[1] for t in tensors)
-        pad = pad_token_id if name.endswith("_ids") else 0
+        pad = pad_token_id if name.endswith("_ids") else _RIGHT_PADDED.get(name, 0)
         left = name in _LEFT_PADDED
         joined[name] = torch.cat([F.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=pad)
                                   for t in tensors])  # fmt: skip
@@ -51,6 +53,8 @@ def concat_rollouts(rollouts: list[Rollout], pad_token_id: int) -> Rollout:
     joined["reward_components"] = {
         name: torch.cat([r.reward_components[name] for r in rollouts]) for name in rollouts[0].reward_components
     }
+    counts = [r.episodes for r in rollouts]
+    joined["episodes"] = None if any(c is None for c in counts) else EpisodeCounts.cat(counts)
     return Rollout(**joined)
 
 
@@ -66,6 +70,8 @@ def select_groups(rollout: Rollout, groups: Tensor, group_size: int) -> Rollout:
             values[f.name] = [value[i] for i in rows.tolist()] if value else []
         elif f.name == "reward_components":
             values[f.name] = {name: scores[rows.to(scores.device)] for name, scores in value.items()}
+        elif isinstance(value, EpisodeCounts):
+            values[f.name] = value.select(rows)
     return replace(rollout, **values)
 
 

@@ -15,10 +15,12 @@ from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
 from gspo_lightning.engines.base import SamplingSettings
 from gspo_lightning.metrics import PassAtK
 from gspo_lightning.rollout.checks import check_data_columns, validate_evaluation
+from gspo_lightning.rollout.episodes import episode_run, sample_and_score_episodes
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, sample_and_score
 from gspo_lightning.rollout.sampler import GroupSampler
 from gspo_lightning.validation import SettingError
 from gspo_lightning.rollout.state import evaluation_seed, isolated_rng
+from gspo_lightning.rollout.stats import episode_stats
 from gspo_lightning.rollout.types import PromptBatch
 from gspo_lightning.strategies import inference_context, parameters_are_sharded
 
@@ -106,6 +108,7 @@ class HeldOutEvaluation(Callback):
         """(global step, accuracy) of every evaluation so far, resumed runs included."""
         self.engine = None if engine is None else resolve_engine(engine, "evaluation.engine")
         self._engine: SamplingEngine | None = self.engine
+        self._episode_figures: list[dict[str, Tensor]] = []
 
     @property
     def description(self) -> str:
@@ -139,8 +142,7 @@ class HeldOutEvaluation(Callback):
     def _engine_of(self, trainer: pl.Trainer) -> SamplingEngine:
         """Its own engine, else the training sampler's (one engine, one copy of the weights), else ``hf``."""
         if self._engine is None:
-            callbacks = getattr(trainer, "callbacks", [])
-            sampler = next((c for c in callbacks if isinstance(c, GroupSampler)), None)
+            sampler = _training_sampler(trainer)
             self._engine = sampler.engine if sampler is not None else resolve_engine("hf")
         return self._engine
 
@@ -176,6 +178,7 @@ class HeldOutEvaluation(Callback):
         seed = evaluation_seed(self.seed, trainer.global_step, rank)
         engine = self._engine_of(trainer)
         engine.before_rollout(trainer, pl_module)  # outside the inference context (see GroupSampler._new_round)
+        self._episode_figures = []
         with isolated_rng(seed, pl_module.device), inference_context(trainer):
             for number, batch in enumerate(trainer.datamodule.heldout_dataloader()):
                 num_correct, counted = self._score_batch(trainer, pl_module, batch, seed + number)  # [P], [P]
@@ -184,7 +187,7 @@ class HeldOutEvaluation(Callback):
             engine.after_rollout()
         values = {name: float(value) for name, value in metric.compute().items()}
         accuracy = values["pass@1"]
-        metrics = {"eval/accuracy": accuracy}
+        metrics = {"eval/accuracy": accuracy} | self._episode_means()
         if self.samples_per_prompt > 1:
             metrics |= {f"eval/pass@{k}": values[f"pass@{k}"] for k in self.pass_k}
         self.history.append((trainer.global_step, accuracy))
@@ -197,6 +200,21 @@ class HeldOutEvaluation(Callback):
     ) -> tuple[Tensor, Tensor]:
         """Solved samples per prompt [P] and which prompts count [P] bool (not skipped), both on the CPU."""
         n = self.samples_per_prompt
+        sampler = _training_sampler(trainer)
+        if sampler is not None and sampler.round.episodes is not None:  # the held-out prompts as episodes too
+            run = episode_run(
+                self._engine, pl_module.policy, pl_module.tokenizer, self.sampling_settings(pl_module),
+                sampler.round.episodes, sampler.round.scoring.errors, synced_gpus=parameters_are_sharded(trainer),
+                device=pl_module.device,
+            )  # fmt: skip
+            any_rank = lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False)  # noqa: E731
+            rollout, _ = sample_and_score_episodes(
+                run, batch.prompts, batch.columns, n, Scoring([self.correct], [1.0]), seed,
+                any_rank if parameters_are_sharded(trainer) else bool,
+            )  # fmt: skip
+            assert rollout.episodes is not None
+            self._episode_figures.append(episode_stats(rollout.episodes))
+            return count_solved(rollout.rewards.cpu(), n, self.solved_at), torch.ones(len(batch), dtype=torch.bool)
         # n samples of each prompt in one call: prompt i's are rows i*n .. i*n + n - 1.
         scored = sample_and_score(
             self._engine,
@@ -218,11 +236,23 @@ class HeldOutEvaluation(Callback):
         counted = (~cut if self.prompt_overflow == "skip" else torch.ones_like(cut)).cpu()  # [P] bool
         return num_correct, counted
 
+    def _episode_means(self) -> dict[str, float]:
+        """``eval/turns_mean`` and ``eval/tool_calls_mean`` of this rank's held-out episodes (none when single-turn)."""
+        if not self._episode_figures:
+            return {}
+        names = ("turns_mean", "tool_calls_mean", "tool_errors_mean")
+        return {f"eval/{name}": sum(float(f[name]) for f in self._episode_figures) / len(self._episode_figures)
+                for name in names}  # fmt: skip
+
     def state_dict(self) -> dict[str, Any]:
         return {"history": list(self.history)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = [tuple(item) for item in state_dict["history"]]
+
+
+def _training_sampler(trainer: pl.Trainer) -> GroupSampler | None:
+    return next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, GroupSampler)), None)
 
 
 def metric_device(device: torch.device) -> torch.device:

@@ -32,14 +32,16 @@ def check_divisible(num_responses: int, num_minibatches: int) -> None:
 def _trimmed_rows(rollout: Rollout, rows: slice) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Prompt + response tensors for ``rows``, without the padding columns no row of them needs."""
     prompt_mask = rollout.prompt_mask[rows]  # [n, Lp]
-    response_mask = rollout.response_mask[rows]  # [n, R]
+    # An episode's policy tokens are not all it attends to: the tool results between its turns count too.
+    attended = rollout.response_mask if rollout.response_attention is None else rollout.response_attention
+    attended = attended[rows]  # [n, R], contiguous from the first response column
     prompt_len = max(int(prompt_mask.sum(-1).max()), 1)
-    response_len = max(int(response_mask.sum(-1).max()), 1)
+    response_len = max(int(attended.sum(-1).max()), 1)
     prompt_ids = rollout.prompt_ids[rows, -prompt_len:]  # [n, Lp'] left padding: keep the right end
     response_ids = rollout.response_ids[rows, :response_len]  # [n, R']
-    response_mask = response_mask[:, :response_len]  # [n, R']
+    response_mask = rollout.response_mask[rows, :response_len]  # [n, R']
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # [n, Lp' + R']
-    attention_mask = torch.cat([prompt_mask[:, -prompt_len:], response_mask], dim=1)  # [n, Lp' + R']
+    attention_mask = torch.cat([prompt_mask[:, -prompt_len:], attended[:, :response_len]], dim=1)  # [n, Lp' + R']
     return input_ids, attention_mask, response_ids, response_mask
 
 
@@ -127,7 +129,10 @@ def assemble_minibatches(passes: list[PolicyPass], rollout: Rollout) -> list[Min
         rows = slice(start, start + len(part))
         start += len(part)
         fields_ = {f.name: getattr(part, f.name) for f in fields(part)}
-        minibatches.append(Minibatch(**fields_, advantages=rollout.advantages[rows], rewards=rollout.rewards[rows]))
+        advantages = rollout.advantages[rows]  # [n]
+        if rollout.token_advantages is not None:  # per-turn advantages: one per token
+            advantages = rollout.token_advantages[rows, : part.response_ids.shape[1]]  # [n, R']
+        minibatches.append(Minibatch(**fields_, advantages=advantages, rewards=rollout.rewards[rows]))
     return minibatches
 
 

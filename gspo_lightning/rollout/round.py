@@ -22,10 +22,13 @@ from transformers import PreTrainedTokenizerBase
 from gspo_lightning.engines.base import SamplingEngine, SamplingSettings
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE
 from gspo_lightning.objectives import AdvantageScale, KLRewardPenalty
-from gspo_lightning.objectives.advantages import advantages_with_skips, skipped_responses
+from gspo_lightning.episodes.loop import EpisodeRun
+from gspo_lightning.episodes.settings import EpisodeSettings
+from gspo_lightning.objectives.advantages import advantages_with_skips, skipped_responses, turn_advantages
 from gspo_lightning.objectives.kl import kl_penalised_rewards
 from gspo_lightning.rollout.dynamic_sampling import choose_groups, concat_rollouts, informative_groups, select_groups
 from gspo_lightning.rollout.minibatches import PolicyPass, assemble_minibatches, policy_passes
+from gspo_lightning.rollout.episodes import episode_run, sample_and_score_episodes
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, repeat_each, sample_and_score
 from gspo_lightning.rollout.types import Minibatch, Prompt, PromptBatch, Rollout
 
@@ -45,6 +48,7 @@ class RoundSettings:
     dynamic_sampling: bool = False
     max_extra_draws: int = 4
     mask_truncated: bool = False
+    episodes: EpisodeSettings | None = None  # multi-turn episodes instead of single responses
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ def run_round(
     """One round, every stage once. ``draw_prompts`` serves dynamic sampling's extra prompts; ``any_rank`` turns
     this rank's "I need more" into the decision of all ranks (sharded sampling is a collective)."""
     seconds: dict[str, float] = {}
-    rollout = sample_groups(engine, model, settings, batch.prompts, batch.columns, seed, seconds)
+    rollout = sample_groups(engine, model, settings, batch.prompts, batch.columns, seed, seconds, any_rank)
     counts: dict[str, int] = {}
     if settings.dynamic_sampling:
         if draw_prompts is None:
@@ -100,7 +104,7 @@ def run_round(
 
         def sample_more(extra: int) -> Rollout:
             more = draw_prompts()
-            return sample_groups(engine, model, settings, more.prompts, more.columns, seed + extra, seconds)
+            return sample_groups(engine, model, settings, more.prompts, more.columns, seed + extra, seconds, any_rank)
 
         rollout, counts = refill_groups(rollout, sample_more, settings, model.tokenizer.pad_token_id, any_rank)
     engine.after_rollout()
@@ -120,7 +124,7 @@ def run_round(
     if model.kl_reward_penalty is not None:
         rewards, kl = shaped_rewards(rollout, passes, model.kl_reward_penalty)  # [N] x2
         rollout = replace(rollout, kl_penalties=kl)
-    rollout = replace(rollout, advantages=round_advantages(rollout, rewards, settings))
+    rollout = with_advantages(rollout, rewards, settings)
     return RoundResult(rollout, assemble_minibatches(passes, rollout), counts, seconds)
 
 
@@ -132,8 +136,19 @@ def sample_groups(
     columns: dict[str, list[Any]],
     seed: int,
     seconds: dict[str, float] | None = None,
+    any_rank: Callable[[bool], bool] = bool,
 ) -> Rollout:
-    """G responses per prompt from the engine, scored (``advantages`` still None); ``seconds`` gets the timings."""
+    """G responses (or, with ``settings.episodes``, G multi-turn episodes) per prompt from the engine, scored
+    (``advantages`` still None); ``seconds`` gets the timings. ``any_rank``: as in ``run_round`` (episodes under
+    sharded parameters take a turn as long as any rank has an episode going)."""
+    if settings.episodes is not None:
+        rollout, timing = sample_and_score_episodes(
+            round_episode_run(engine, model, settings), prompts, columns, settings.group_size, settings.scoring, seed,
+            any_rank=any_rank if model.synced_gpus else bool,
+        )  # fmt: skip
+        if seconds is not None:
+            seconds.update(timing)
+        return rollout
     group = settings.group_size
     sampling = SamplingSettings(model.max_new_tokens, model.temperature, settings.top_p, settings.top_k)
     scored = sample_and_score(
@@ -207,6 +222,33 @@ def shaped_rewards(rollout: Rollout, passes: list[PolicyPass], penalty: KLReward
         shaped.append(reward)
         estimates.append(kl)
     return torch.cat(shaped), torch.cat(estimates)  # [N] x2
+
+
+def round_episode_run(engine: SamplingEngine, model: RoundModel, settings: RoundSettings) -> EpisodeRun:
+    """The episode loop's settings in a training round: a turn is sampled like a response."""
+    assert settings.episodes is not None
+    sampling = SamplingSettings(model.max_new_tokens, model.temperature, settings.top_p, settings.top_k)
+    return episode_run(
+        engine, model.policy, model.tokenizer, sampling, settings.episodes, settings.scoring.errors,
+        model.engine_logprobs, model.synced_gpus, model.device,
+    )  # fmt: skip
+
+
+def with_advantages(rollout: Rollout, rewards: Tensor, settings: RoundSettings) -> Rollout:
+    """The rollout with its advantages (Eq. 6) of ``rewards`` [N] and, for per-turn advantages of episodes, its
+    token advantages [N, R]."""
+    rollout = replace(rollout, advantages=round_advantages(rollout, rewards, settings))
+    if settings.episodes is None or not settings.episodes.turn_advantages:
+        return rollout
+    assert rollout.turn_rewards is not None and rollout.turn_index is not None and rollout.episodes is not None
+    # A reward shaped after sampling (KL in the reward) changes the episode's total: the change is its last turn's.
+    last = (rollout.episodes.turns.clamp(min=1) - 1).to(rollout.turn_rewards.device)  # [N]
+    shift = (rewards - rollout.rewards).to(rollout.turn_rewards.device)  # [N]
+    turn_rewards = rollout.turn_rewards.scatter_add(1, last[:, None], shift[:, None])  # [N, K]
+    skipped = skipped_responses(rollout.rewards, rollout.prompt_skipped, settings.group_size)  # [N]
+    token = turn_advantages(turn_rewards, rollout.turn_index, skipped.to(turn_rewards.device), settings.group_size,
+                            settings.advantage_scale)  # [N, R]  # fmt: skip
+    return replace(rollout, token_advantages=token)
 
 
 def round_advantages(rollout: Rollout, rewards: Tensor, settings: RoundSettings) -> Tensor:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -19,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
+from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
 from gspo_lightning.objectives import AdvantageScale
 from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
@@ -28,7 +28,7 @@ from gspo_lightning.rollout.checks import OldLogprobSource
 from gspo_lightning.rollout.contract import SamplerModule, check_built, check_sampler_module, round_model
 from gspo_lightning.rollout.minibatches import check_divisible
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length
-from gspo_lightning.rollout.round import RoundModel, RoundSettings, round_advantages, run_round, sample_groups
+from gspo_lightning.rollout.round import RoundModel, RoundSettings, run_round, sample_groups, with_advantages
 from gspo_lightning.rollout.state import evaluation_seed, rank_and_world, restore_rng_states, restored_round
 from gspo_lightning.rollout.state import round_checkpoint
 from gspo_lightning.rollout.stats import rollout_stats
@@ -100,7 +100,10 @@ class GroupSampler(Callback):
         max_extra_draws: the cap on extra prompt batches per round (>= 0).
         mask_truncated: leave responses cut at ``max_new_tokens`` without EOS out of the loss (DAPO's overlong
             filtering); their rewards still count in their group's advantages. Counted in
-            ``rollout/truncated_masked``.
+            ``rollout/truncated_masked``. With episodes: those that hit any of their limits.
+        episodes: multi-turn episodes instead of single responses: ``{tools: [...]}`` (the tool-calling loop) or
+            ``{environment: {class_path: ...}}``, with their limits (see ``gspo_lightning.episodes.EpisodeSettings``).
+            The reward functions score each episode's final answer; only the policy's own tokens are trained.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class GroupSampler(Callback):
         dynamic_sampling: bool = False,
         max_extra_draws: int = 4,
         mask_truncated: bool = False,
+        episodes: EpisodeSettings | None = None,
     ) -> None:
         checks.validate_old_logprobs(old_logprobs)
         checks.validate_sampling(rewards, reward_weights, group_size, num_minibatches, top_p, top_k)
@@ -143,7 +147,9 @@ class GroupSampler(Callback):
             dynamic_sampling=dynamic_sampling,
             max_extra_draws=max_extra_draws,
             mask_truncated=mask_truncated,
+            episodes=episodes,
         )
+        checks.validate_episodes(episodes, prompt_overflow, self.engine)
         self.last_rollout: Rollout | None = None
         """This rank's latest round as trained on (texts, rewards, final advantages), e.g. for ``LogCompletions``;
         None until a round was sampled in this process."""
@@ -172,12 +178,16 @@ class GroupSampler(Callback):
         checks.check_routing_replay(module.routing_replay, self.old_logprobs)
         checks.check_rollout_correction(module.rollout_correction.mode, self.old_logprobs)
         checks.check_data_columns(trainer.datamodule, self.rewards, "train", "sampler.rewards")
+        checks.check_turn_advantages(self.round.episodes, pl_module)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = check_sampler_module(pl_module)
         check_built(module)
         checks.check_chat_template(trainer.datamodule, module.tokenizer)  # a tokenizer built in configure_model
-        if self.round.prompt_overflow == "error":
+        if self.round.episodes is not None:
+            checks.check_episode_tokenizer(module.tokenizer)
+            self.round.episodes.episode_budget(context_length(module.policy, module.tokenizer))  # within the context
+        elif self.round.prompt_overflow == "error":
             context = context_length(module.policy, module.tokenizer)
             checks.check_prompt_lengths(trainer.datamodule, module.tokenizer, context, module.max_new_tokens)
         for reward in self.rewards:  # e.g. LengthPenalty counts the policy's tokens
@@ -255,7 +265,7 @@ class GroupSampler(Callback):
         if not isinstance(model, RoundModel):
             model = round_model(check_sampler_module(model), self._wants_engine_logprobs(), False)
         rollout = sample_groups(self.engine, model, self.round, prompts, columns, seed)
-        return replace(rollout, advantages=round_advantages(rollout, rollout.rewards, self.round))
+        return with_advantages(rollout, rollout.rewards, self.round)
 
     def _wants_engine_logprobs(self) -> bool:
         """pi_old from the engine, or an engine that reports them for free (then the mismatch is measured); a

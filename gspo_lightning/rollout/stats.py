@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from gspo_lightning.objectives.advantages import skipped_responses
-from gspo_lightning.rollout.types import Rollout
+from gspo_lightning.rollout.types import EpisodeCounts, Rollout
 
 
 def zero_variance_fraction(rewards: Tensor, group_size: int) -> Tensor:
@@ -59,4 +59,23 @@ def rollout_stats(rollout: Rollout, group_size: int) -> dict[str, Tensor]:
         stats["kl_penalty_mean"] = rollout.kl_penalties.float().mean()
     for name, scores in rollout.reward_components.items():
         stats[f"reward/{name}"] = scores.float().nanmean()
+    if rollout.episodes is not None:
+        stats |= episode_stats(rollout.episodes)
     return {key: value.detach().float().cpu() for key, value in stats.items()}
+
+
+def episode_stats(counts: EpisodeCounts) -> dict[str, Tensor]:
+    """Means per episode of its turns, tool calls, tool errors, policy and context tokens; the fraction of
+    episodes each limit stopped (``truncated_by_*``) and the number whose environment or a tool failed."""
+    return {
+        "turns_mean": counts.turns.float().mean(),
+        "turns_max": counts.turns.float().max(),
+        "tool_calls_mean": counts.tool_calls.float().mean(),
+        "tool_errors_mean": counts.tool_errors.float().mean(),
+        "policy_tokens_mean": counts.policy_tokens.float().mean(),
+        "context_tokens_mean": counts.context_tokens.float().mean(),
+        "truncated_by_max_turns": counts.truncated_turns.float().mean(),
+        "truncated_by_max_new_tokens": counts.truncated_turn_tokens.float().mean(),
+        "truncated_by_max_episode_tokens": counts.truncated_context.float().mean(),
+        "episodes_failed": counts.failed.float().sum(),
+    }

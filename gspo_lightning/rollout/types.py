@@ -48,11 +48,15 @@ class Minibatch:
 
     Shapes (L = prompt length Lp + response length R, both trimmed to this minibatch):
         input_ids:      [n, L]  left-padded prompt followed by the right-padded response
-        attention_mask: [n, L]  1 on real prompt and response tokens, 0 on padding
-        response_ids:   [n, R]  the sampled response tokens (the last R columns of input_ids)
-        response_mask:  [n, R]  1 on response tokens up to and including EOS, 0 after
+        attention_mask: [n, L]  1 on real prompt and response tokens, 0 on padding (in an episode also on the
+                                tool / environment tokens between the policy's turns)
+        response_ids:   [n, R]  the sampled response tokens (the last R columns of input_ids); an episode's
+                                turns with what came between them
+        response_mask:  [n, R]  1 on the tokens the policy wrote (up to and including EOS), 0 elsewhere: every
+                                loss, KL term, correction and diagnostic reduces over these only
         old_logprobs:   [n, R]  float32 log pi_old(y_t | x, y_<t), recorded right after sampling
-        advantages:     [n]     group-normalised advantage of each response (Eq. 6)
+        advantages:     [n]     group-normalised advantage of each response (Eq. 6), or [n, R] per token
+                                (per-turn advantages of episodes)
         rewards:        [n]     the scalar reward of each response (NaN where a reward function failed and
                                 ``reward_errors="skip"``: train on ``advantages``, which are then 0)
         ref_logprobs:   [n, R]  float32 log pi_ref, only when a KL penalty to a reference policy is used
@@ -107,6 +111,17 @@ class Rollout:
                                  engine that reports them for free); else None
         kl_penalties:   [N]      float32 summed KL(pi_old || pi_ref) estimate of each response, when it was
                                  subtracted from the rewards (``kl_in="reward"``); else None
+        response_attention: [N, R] 1 on every real token after the prompt, when that is more than the policy's
+                                 own (multi-turn episodes: ``response_mask`` marks the policy's tokens, this also
+                                 the tool / environment / template tokens between its turns, which the
+                                 forward attends to but no loss reads); None: the same as ``response_mask``
+        turn_index:     [N, R]   int64, the turn (0, 1, ...) each policy token belongs to, -1 elsewhere
+                                 (episodes only, else None)
+        turn_rewards:   [N, K]   float32, each turn's reward (the environment's, the reward functions' score
+                                 added to the last turn), 0 after an episode's last turn (episodes only)
+        token_advantages: [N, R] float32 per-token advantages (per-turn advantages of episodes,
+                                 ``sampler.episodes.turn_advantages``); None: ``advantages`` for every token
+        episodes:       per-episode counts (turns, tool calls, limits hit), for the metrics; None when single-turn
         completions:    N response texts (EOS and what follows left out)
         prompts:        N prompts as the data module formatted them, each repeated G times
     """
@@ -125,6 +140,48 @@ class Rollout:
     prompt_skipped: Tensor | None = None
     engine_logprobs: Tensor | None = None
     kl_penalties: Tensor | None = None
+    response_attention: Tensor | None = None
+    turn_index: Tensor | None = None
+    turn_rewards: Tensor | None = None
+    token_advantages: Tensor | None = None
+    episodes: EpisodeCounts | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
+
+
+@dataclass
+class EpisodeCounts:
+    """What each of N episodes did, for the metrics (all [N]).
+
+    Attributes:
+        turns:           int64 policy turns taken
+        tool_calls:      int64 tool calls made
+        tool_errors:     int64 of them, malformed, to an unknown tool or with arguments the tool does not take
+        policy_tokens:   int64 tokens the policy wrote (trained on)
+        context_tokens:  int64 tokens between its turns that it did not write (tool results, observations,
+                         template)
+        truncated_turns: bool, stopped at ``max_turns`` without finishing
+        truncated_turn_tokens: bool, a turn hit ``model.max_new_tokens`` without EOS
+        truncated_context: bool, the episode reached ``max_episode_tokens``
+        failed:          bool, the environment or a tool failed (``reward_errors: skip``; reward NaN)
+    """
+
+    turns: Tensor
+    tool_calls: Tensor
+    tool_errors: Tensor
+    policy_tokens: Tensor
+    context_tokens: Tensor
+    truncated_turns: Tensor
+    truncated_turn_tokens: Tensor
+    truncated_context: Tensor
+    failed: Tensor
+
+    def select(self, rows: Tensor) -> EpisodeCounts:
+        """The counts of ``rows`` ([k] indices), in that order."""
+        return EpisodeCounts(**{f.name: getattr(self, f.name)[rows.to(self.turns.device)] for f in fields(self)})
+
+    @staticmethod
+    def cat(parts: list[EpisodeCounts]) -> EpisodeCounts:
+        """One set of counts holding every part's episodes in order."""
+        return EpisodeCounts(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(EpisodeCounts)})

@@ -113,3 +113,30 @@ def test_empty_rewards_give_empty_advantages() -> None:
 def test_unknown_scale_is_rejected() -> None:
     with pytest.raises(ValueError, match=r"scale must be one of group, batch, none, got scale='global'"):
         group_advantages(torch.zeros(4), group_size=2, scale="global")  # type: ignore[arg-type]
+
+
+def test_turn_advantages_credit_each_turn_with_the_return_that_follows_it():
+    from gspo_lightning.objectives.advantages import turn_advantages
+
+    turn_rewards = torch.tensor([[-0.1, -0.1, 1.0], [0.5, 0.0, 0.0]])  # [N=2, K=3]: 3 turns, then 1 turn
+    turn_index = torch.tensor([[0, 0, -1, 1, -1, 2, 2], [0, 0, -1, -1, -1, -1, -1]])  # [N, T]
+    advantages = turn_advantages(turn_rewards, turn_index, torch.zeros(2, dtype=torch.bool), group_size=2)
+    returns = [0.8, 0.9, 1.0, 0.5]  # episode 0 from turns 0, 1, 2; episode 1 from turn 0
+    mean, std = 0.65, 0.3 / 2**0.5  # of the episode returns 0.8 and 0.5 (Bessel)
+    a0, a1, a2, b0 = ((r - mean) / std for r in returns)
+    expected = torch.tensor([[a0, a0, 0, a1, 0, a2, a2], [b0, b0, 0, 0, 0, 0, 0]])
+    torch.testing.assert_close(advantages, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_turn_advantages_are_the_episodes_when_all_reward_comes_at_the_end():
+    from gspo_lightning.objectives.advantages import turn_advantages
+
+    rewards = torch.tensor([0.0, 1.0, 1.0, 0.3])
+    turn_rewards = torch.zeros(4, 3)
+    turn_rewards[torch.arange(4), torch.tensor([2, 0, 1, 2])] = rewards  # each episode's reward at its last turn
+    turn_index = torch.tensor([[0, 1, 2], [0, -1, -1], [0, 1, -1], [0, 1, 2]])
+    skipped = torch.tensor([False, False, True, True])
+    advantages = turn_advantages(turn_rewards, turn_index, skipped, group_size=2)
+    episode = group_advantages(rewards[:2], 2)  # the kept group's Eq. 6
+    expected = torch.stack([episode[0].expand(3), torch.tensor([episode[1], 0, 0]), torch.zeros(3), torch.zeros(3)])
+    assert torch.equal(advantages, expected)
