@@ -2,6 +2,7 @@
 prompt stream and the Lightning data module."""
 
 from gspo_lightning.data.arithmetic_warm_start import WarmStartedTinyQwen3
+from gspo_lightning.data.calculator_warm_start import CalculatorWarmStartedTinyQwen3
 from gspo_lightning.data.countdown import CountdownTask
 from gspo_lightning.data.countdown_warm_start import CountdownWarmStartedTinyQwen3
 from gspo_lightning.data.datamodule import PromptDataModule
@@ -13,6 +14,7 @@ from gspo_lightning.data.sources import ArithmeticTask, LoadDataset, PromptSourc
 
 __all__ = [
     "ArithmeticTask",
+    "CalculatorWarmStartedTinyQwen3",
     "CountdownTask",
     "CountdownWarmStartedTinyQwen3",
     "LoadDataset",

@@ -108,9 +108,12 @@ def run_episodes(
         active = [index for index, episode in enumerate(episodes) if not episode.done]
         if not any_rank(bool(active)):  # sharded sampling is a collective: every rank samples as long as any does
             break
-        samples = _sample_turn(run, [episodes[index] for index in active], seed + turn * _TURN_SEED_STRIDE)
-        for row, index in enumerate(active):
-            _take_turn(run, episodes[index], samples, row)
+        offset = 0
+        for group in _budget_groups(run, [episodes[index] for index in active], active):
+            samples = _sample_turn(run, [episodes[index] for index in group], seed + turn * _TURN_SEED_STRIDE + offset)
+            for row, index in enumerate(group):
+                _take_turn(run, episodes[index], samples, row)
+            offset += len(group)  # every request of a turn draws from its own seeded stream
         for index in active:
             if not episodes[index].done:
                 _answer(run, episodes[index], index)
@@ -140,6 +143,18 @@ def _remaining(run: EpisodeRun, episode: EpisodeState) -> int:
     if run.budget is None:
         return run.sampling.max_new_tokens
     return min(run.sampling.max_new_tokens, run.budget - len(episode))
+
+
+def _budget_groups(run: EpisodeRun, active: list[EpisodeState], indices: list[int]) -> list[list[int]]:
+    """The active episodes by the tokens their next turn may take, one engine call each: no call then asks for more
+    than any of its episodes has room for (most have the whole ``max_new_tokens``, so most turns are one call).
+    Sharded sampling is a collective with a fixed number of calls: one call, each episode cut to its room."""
+    if run.synced_gpus:
+        return [indices]
+    groups: dict[int, list[int]] = {}
+    for episode, index in zip(active, indices):
+        groups.setdefault(_remaining(run, episode), []).append(index)
+    return [groups[budget] for budget in sorted(groups, reverse=True)] or [[]]
 
 
 def _sample_turn(run: EpisodeRun, active: list[EpisodeState], seed: int) -> EngineSamples:

@@ -47,23 +47,27 @@ def train_warm_start(
         losses: list[float] = []
         history: list[dict[str, float]] = []
         for step in range(1, loader.max_steps + 1):
-            batch = training_batch(tokenizer, list(islice(train_stream, loader.batch_size)), loader.prompt_template)
+            batch = loader.training_batch(tokenizer, list(islice(train_stream, loader.batch_size)))
             losses.append(_optimizer_step(model, optimizer, schedule, batch))
             progress.update(1)
             if step % loader.eval_every and step < loader.max_steps:
                 continue
-            accuracy = evaluate_accuracy(model, tokenizer, eval_problems, loader)
+            accuracy = loader.accuracy(model, tokenizer, eval_problems)
             recent = losses[-loader.eval_every :]
             seconds = round(time.monotonic() - start, 2)
             history.append({"step": step, "loss": sum(recent) / len(recent), "accuracy": accuracy, "seconds": seconds})
             progress.set_postfix_str(f"loss {history[-1]['loss']:.3f}, accuracy {accuracy:.1%}", refresh=False)
-            if accuracy >= loader.target_accuracy:
+            if loader.target_accuracy is not None and accuracy >= loader.target_accuracy:
                 break
     report = _report(loader, history, losses, time.monotonic() - start)
     outcome = "reached" if report["reached_target"] else "stopped at max_steps short of"
+    if loader.target_accuracy is None:
+        outcome = "its fixed number of steps"
+    else:
+        outcome += f" the target {loader.target_accuracy:.0%}"
     tqdm.write(
         f"warm start: {report['accuracy']:.1%} greedy accuracy after {report['steps']} steps ({report['seconds']:.0f} s), "
-        f"{outcome} the target {loader.target_accuracy:.0%}",
+        f"{outcome}",
         file=sys.stderr,
     )
     return model, report
@@ -73,9 +77,8 @@ def train_warm_start(
 def _progress(loader: SupervisedWarmStart, destination: Path | None) -> Iterator[tqdm]:
     """The warm start's bar: steps out of ``max_steps`` (it usually stops earlier, at the target)."""
     where = f"; cached in {destination}" if destination is not None else ""
-    tqdm.write(
-        f"warm start: training the policy until {loader.target_accuracy:.0%} greedy accuracy (once{where})", file=sys.stderr
-    )
+    until = "for its steps" if loader.target_accuracy is None else f"until {loader.target_accuracy:.0%} greedy accuracy"
+    tqdm.write(f"warm start: training the policy {until} (once{where})", file=sys.stderr)
     bar = tqdm(total=loader.max_steps, desc="warm start", unit="step", mininterval=1.0, dynamic_ncols=True)
     try:
         yield bar
@@ -88,7 +91,7 @@ def _report(
 ) -> dict[str, Any]:
     """The ``warm_start.json`` content: what was trained, how long it took and what it reached."""
     accuracy = history[-1]["accuracy"]
-    reached = accuracy >= loader.target_accuracy
+    reached = loader.target_accuracy is not None and accuracy >= loader.target_accuracy
     return {
         "settings": loader.settings(),
         "cache_key": settings_hash(loader.settings()),

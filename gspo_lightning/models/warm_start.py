@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from gspo_lightning.models.cache import cache_root, is_complete, save_atomically, settings_hash
 from gspo_lightning.models.loaders import PolicyLoader, TinyQwen3
-from gspo_lightning.models.supervised import train_warm_start
+from gspo_lightning.models.supervised import evaluate_accuracy, train_warm_start, training_batch
 from gspo_lightning.validation import SettingError
 
 WARM_START_VERSION = 1
@@ -56,7 +56,7 @@ class SupervisedWarmStart(PolicyLoader, ABC):
         max_steps: int = 2000,
         batch_size: int = 64,
         lr: float = 1e-3,
-        target_accuracy: float = 0.3,
+        target_accuracy: float | None = 0.3,
         eval_every: int = 20,
         eval_size: int = 256,
         seed: int = 0,
@@ -70,7 +70,8 @@ class SupervisedWarmStart(PolicyLoader, ABC):
             max_steps: most optimizer steps, if ``target_accuracy`` is not reached before.
             batch_size: problems per optimizer step.
             lr: peak AdamW learning rate (after a short linear warmup).
-            target_accuracy: stop as soon as greedy accuracy on train-side problems reaches this.
+            target_accuracy: stop as soon as greedy accuracy on train-side problems reaches this (None: train
+                all ``max_steps``).
             eval_every: measure accuracy every this many steps.
             eval_size: problems per accuracy measurement.
             seed: seed of the training data order and of torch's RNG during training.
@@ -80,7 +81,7 @@ class SupervisedWarmStart(PolicyLoader, ABC):
         for name, value in counts.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if not 0.0 <= target_accuracy <= 1.0:
+        if target_accuracy is not None and not 0.0 <= target_accuracy <= 1.0:
             raise ValueError(f"target_accuracy must be in [0, 1], got {target_accuracy}")
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
@@ -106,6 +107,14 @@ class SupervisedWarmStart(PolicyLoader, ABC):
     @abstractmethod
     def longest_demonstration(self) -> dict[str, str]:
         """A demonstration at least as long as any the task can draw, to check it fits the model."""
+
+    def training_batch(self, tokenizer: PreTrainedTokenizerBase, demonstrations: list[dict[str, Any]]) -> dict[str, Any]:
+        """One supervised batch: ``prompt + answer + eos`` rows with loss on the answer (``training_batch``)."""
+        return training_batch(tokenizer, demonstrations, self.prompt_template)
+
+    def accuracy(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demonstrations: list[dict[str, Any]]) -> float:
+        """Greedy accuracy on ``demonstrations``, the stopping criterion (``evaluate_accuracy``)."""
+        return evaluate_accuracy(model, tokenizer, demonstrations, self)
 
     def check_fits_model(self) -> None:
         """Fail at configuration time, not after training starts, if a sample cannot fit the model.
