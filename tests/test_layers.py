@@ -17,6 +17,9 @@ FORBIDDEN = {
     "engines": ("gspo_lightning.rollout", "gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.models"),
     "rewards": ("gspo_lightning.rollout", "gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.engines"),
     "objectives": ("gspo_lightning.rollout", "gspo_lightning.data", "lightning", "torch.distributed"),
+    # episodes: what a round samples with (tools, environments, the turn loop); the round turns them into a Rollout
+    "episodes": ("gspo_lightning.rollout", "gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.cli",
+                 "lightning"),
     "rollout/round.py": ("lightning",),
     "diagnostics.py": ("lightning", "torch.distributed"),
     "logprobs.py": ("lightning", "torch.distributed"),

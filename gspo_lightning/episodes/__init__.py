@@ -2,6 +2,7 @@
 
     settings.py     sampler.episodes: tools or an environment, the limits
     environment.py  Environment (reset / step), Step, ToolEnvironment (the tool-calling loop)
+    gymnasium_adapter.py  a Gymnasium environment (text observations) as an Environment
     parsers.py      reading tool calls from a turn (Hermes / Qwen3 <tool_call> JSON)
     tools.py        tools from typed Python functions; calculator, RunPython (the sandbox)
     rendering.py    token in, token out: the template's tokens between turns
@@ -12,6 +13,7 @@
 """
 
 from gspo_lightning.episodes.environment import Environment, Message, Step, ToolEnvironment, ToolError
+from gspo_lightning.episodes.gymnasium_adapter import GymnasiumEnvironment
 from gspo_lightning.episodes.loop import EpisodeError, EpisodeState
 from gspo_lightning.episodes.parsers import HermesToolCallParser, ToolCall, ToolCallParser
 from gspo_lightning.episodes.rewards import environment_reward
@@ -23,6 +25,7 @@ __all__ = [
     "EpisodeError",
     "EpisodeSettings",
     "EpisodeState",
+    "GymnasiumEnvironment",
     "HermesToolCallParser",
     "Message",
     "RunPython",

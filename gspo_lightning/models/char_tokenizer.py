@@ -33,6 +33,8 @@ TOOL_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ 'A:' }}{% endif %}"
 )
+CHAT_TEMPLATES = {"simple": SIMPLE_CHAT_TEMPLATE, "tools": TOOL_CHAT_TEMPLATE}
+"""The built-in templates by the names ``TinyQwen3(chat_template=...)`` accepts."""
 PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)  # order fixes their ids: 0, 1, 2
 

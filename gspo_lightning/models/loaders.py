@@ -23,7 +23,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from gspo_lightning.models.char_tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+from gspo_lightning.models.char_tokenizer import CHAT_TEMPLATES, DEFAULT_ALPHABET, build_char_tokenizer
 from gspo_lightning.validation import SettingError
 
 _TINY_SETTINGS = (
@@ -191,8 +191,9 @@ class TinyQwen3(PolicyLoader):
             alphabet: characters of the character-level tokenizer.
             seed: seed of the random initialisation (the global RNG is left untouched).
             chat_template: a Jinja chat template for the tokenizer, for chat prompts (data
-                ``chat_template: true``); None for none. ``alphabet`` must cover the characters it and the
-                prompts render to.
+                ``chat_template: true``), or a built-in one by name: ``simple`` ("role: content" lines) or
+                ``tools`` (compact, with tools, for episodes); None for none. ``alphabet`` must cover the
+                characters it and the prompts render to.
         """
         sizes = {
             "hidden_size": hidden_size,
@@ -217,7 +218,7 @@ class TinyQwen3(PolicyLoader):
         self.max_position_embeddings = max_position_embeddings
         self.alphabet = alphabet
         self.seed = seed
-        self.chat_template = chat_template
+        self.chat_template = CHAT_TEMPLATES.get(chat_template, chat_template) if chat_template else chat_template
 
     def settings(self) -> dict[str, Any]:
         """The constructor arguments: everything that determines the model (used as a cache key).

@@ -26,3 +26,28 @@ class Counting(Environment):
         if self.taken >= self.turns:
             return Step(reward=reward, done=True)
         return Step(observation=[{"role": "user", "content": str(len(turn) % 10)}], reward=reward)
+
+
+class HigherLower:
+    """A Gymnasium environment with text observations: guess a number in [0, 7] from "higher" / "lower"."""
+
+    def __new__(cls, *args, **kwargs):
+        import gymnasium
+
+        class _HigherLower(gymnasium.Env):
+            def __init__(self, high: int = 7) -> None:
+                self.high = high
+                self.observation_space = gymnasium.spaces.Text(16, charset="abcdefghijklmnopqrstuvwxyz0123456789 -")
+                self.action_space = gymnasium.spaces.Discrete(high + 1)
+
+            def reset(self, seed=None, options=None):
+                super().reset(seed=seed)
+                self.hidden = int(self.np_random.integers(0, self.high + 1))
+                return f"guess 0-{self.high}", {}
+
+            def step(self, action):
+                if action == self.hidden:
+                    return "right", 1.0, True, False, {}
+                return ("higher" if action < self.hidden else "lower"), -0.1, False, False, {}
+
+        return _HigherLower(*args, **kwargs)

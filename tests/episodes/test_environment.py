@@ -68,3 +68,23 @@ def test_a_tool_over_its_time_limit_is_a_tool_error():
     with pytest.raises(ToolError, match="tool 'stuck' .*ToolTimeoutError: did not return within 0.1 s"):
         ToolEnvironment([stuck], timeout_s=0.1).step('<tool_call>{"name": "stuck", "arguments": {"x": 1}}</tool_call>')
     gate.set()
+
+
+def test_a_gymnasium_environment_runs_as_an_episode():
+    import gymnasium
+
+    from gspo_lightning.episodes import GymnasiumEnvironment
+
+    gymnasium.register(id="tests/HigherLower-v0", entry_point="tests.episodes.envs:HigherLower")
+    env = GymnasiumEnvironment("tests/HigherLower-v0", {"high": 7}, seed_column="seed")
+    assert env.reset({"seed": 3, "prompt": ""}) == [{"role": "user", "content": "guess 0-7"}]
+    again = GymnasiumEnvironment("tests/HigherLower-v0", {"high": 7}, seed_column="seed")
+    again.reset({"seed": 3})
+    assert env.env.unwrapped.hidden == again.env.unwrapped.hidden  # seeded from the row: reproducible
+    step = env.step("eight")
+    assert step.observation[0]["content"] == "error: answer with one integer from 0 to 7" and not step.done
+    hidden = env.env.unwrapped.hidden
+    wrong = (hidden + 1) % 8
+    step = env.step(str(wrong))
+    assert step.observation[0]["content"] == ("higher" if wrong < hidden else "lower") and step.reward == -0.1
+    assert env.step(str(hidden)) == Step(observation=None, reward=1.0, done=True)
