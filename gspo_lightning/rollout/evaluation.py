@@ -36,7 +36,10 @@ class HeldOutEvaluation(Callback):
     afterwards: it never moves the training run's random stream, and a resumed run redraws the same samples.
 
     The data module must provide ``heldout_dataloader()`` yielding ``PromptBatch`` objects (each rank its own
-    share: the metrics are reduced across ranks by torchmetrics).
+    share: the metrics are reduced across ranks by torchmetrics). When the training sampler rolls out multi-turn
+    episodes (``sampler.episodes``), the held-out prompts are episodes too (the same tools or environment and
+    limits), ``correct`` scores their final answers, and ``eval/turns_mean`` and ``eval/tool_calls_mean`` are
+    logged.
 
     Args:
         correct: a reward function scoring each completion; a completion is solved when its score is >=

@@ -110,3 +110,18 @@ def test_episodes_on_vllm_have_the_trainers_log_probs(tmp_path):
     assert max(float(r["rollout/turns_max"]) for r in rows) >= 2  # continuations after observations
     assert all(float(r["mismatch/kl"]) < 1e-5 for r in rows)
     assert all(float(r["mismatch/log_ratio_abs_max"]) < 1e-3 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", '{"class_path": "gspo_lightning.strategies.DecoderLayerFSDP2"}'])
+def test_episodes_on_two_ranks(tmp_path, strategy):
+    """Each rank runs its own episodes; under FSDP sampling is a collective (every rank steps generate until all
+    have finished), so a rank whose episodes are over keeps taking part in the turns of the others."""
+    config = episode_config(tmp_path, steps=4)
+    command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", str(config), f"--trainer.strategy={strategy}",
+               "--trainer.devices=2"]  # fmt: skip
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [r for r in _rows(tmp_path / "runs/tiny/version_0") if r["train/loss"]]
+    assert len(rows) == 4 and max(float(r["rollout/turns_max"]) for r in rows) >= 2

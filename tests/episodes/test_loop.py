@@ -168,3 +168,28 @@ def test_an_environment_that_forgets_its_observation_is_named(parts):
     with pytest.raises(EpisodeError, match=r"episode 0: Mute.step returned no observation for an episode that is not "
                                            r"done"):  # fmt: skip
         one_round(parts, binary_search, EpisodeSettings(environment=Mute), rewards=[environment_reward])
+
+
+def test_dynamic_sampling_refills_episode_groups(parts):
+    """Episode rollouts of different widths join and select like single responses, counts and turn data along."""
+    policy, tokenizer = parts
+    calls = {"n": 0}
+
+    def respond(context):  # the first batch answers at once (all wrong), later ones use the tool
+        return calculator_policy(context) if calls["n"] else "0"
+
+    engine = ScriptedEngine(respond)
+    settings = RoundSettings(group_size=2, num_minibatches=1, scoring=Scoring([ExactAnswer()], [1.0]),
+                             episodes=EpisodeSettings(tools=[calculator]), dynamic_sampling=True, max_extra_draws=1)  # fmt: skip
+
+    def draw():
+        calls["n"] += 1
+        return PromptBatch([QUESTIONS[1], QUESTIONS[0]], {"answer": ["63", "999"]})
+
+    model = RoundModel(policy, tokenizer, max_new_tokens=96)
+    result = run_round(engine, model, settings, BATCH, seed=0, draw_prompts=draw)
+    rollout = result.rollout
+    assert result.counts == {"groups_drawn": 4, "groups_dropped": 4, "groups_kept": 0, "extra_draws": 1}
+    assert len(rollout) == 4 and len(rollout.episodes.turns) == 4
+    assert rollout.turn_index.shape == rollout.response_ids.shape == rollout.response_attention.shape
+    assert torch.all(rollout.turn_index[rollout.response_attention == 0] == -1)
