@@ -48,9 +48,10 @@ def _model(args: dict):
     return loader, GSPOModule(loader, max_new_tokens=args["max_new"], log_entropy=False)
 
 
-def _engine(name: str, fixed_length: bool):
-    """The engine, made to generate exactly ``max_new_tokens`` tokens when ``fixed_length`` (EOS held off)."""
-    from gspo_lightning.engines import HFEngine, VLLMEngine
+def fixed_length_classes():
+    """Sampling settings for ``generate`` and a vLLM engine that make every response exactly ``max_new_tokens``
+    long (EOS held off with ``min_new_tokens`` / ``min_tokens``)."""
+    from gspo_lightning.engines import VLLMEngine
     from gspo_lightning.engines.base import SamplingSettings
 
     class FixedLengthSettings(SamplingSettings):
@@ -65,6 +66,15 @@ def _engine(name: str, fixed_length: bool):
             params.min_tokens = settings.max_new_tokens
             return params
 
+    return FixedLengthSettings, FixedLengthVLLM
+
+
+def _engine(name: str, fixed_length: bool):
+    """The engine, made to generate exactly ``max_new_tokens`` tokens when ``fixed_length`` (EOS held off)."""
+    from gspo_lightning.engines import HFEngine, VLLMEngine
+    from gspo_lightning.engines.base import SamplingSettings
+
+    FixedLengthSettings, FixedLengthVLLM = fixed_length_classes()
     engine = HFEngine() if name == "hf" else (FixedLengthVLLM() if fixed_length else VLLMEngine())
     return engine, (FixedLengthSettings if fixed_length else SamplingSettings)
 

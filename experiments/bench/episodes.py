@@ -39,21 +39,10 @@ POLICY_TOKENS, OBSERVATION, PROMPTS, GROUP, K = 192, 24, 8, 4, 4
 
 def _fixed_turn_engine(name: str):
     """The engine, every turn exactly ``max_new_tokens`` long and ending with EOS."""
-    from gspo_lightning.engines import HFEngine, VLLMEngine
-    from gspo_lightning.engines.base import SamplingSettings
+    from experiments.bench.engines import fixed_length_classes
+    from gspo_lightning.engines import HFEngine
 
-    class FixedLengthSettings(SamplingSettings):
-        def generation_config(self, tokenizer):
-            config = super().generation_config(tokenizer)
-            config.min_new_tokens = self.max_new_tokens
-            return config
-
-    class FixedLengthVLLM(VLLMEngine):
-        def _sampling_params(self, settings, with_logprobs, seed):
-            params = super()._sampling_params(settings, with_logprobs, seed)
-            params.min_tokens = settings.max_new_tokens
-            return params
-
+    FixedLengthSettings, FixedLengthVLLM = fixed_length_classes()
     base = HFEngine if name == "hf" else FixedLengthVLLM
 
     class EndsTurnAtBudget(base):
