@@ -12,6 +12,7 @@ cost of a turn is the new observation's prefill. No Lightning here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,10 +96,15 @@ class EpisodeRun:
 
 
 def run_episodes(
-    run: EpisodeRun, prompts: list[Any], columns: dict[str, list[Any]], group_size: int, seed: int,
-    any_rank: Any = bool,
-) -> list[EpisodeState]:  # fmt: skip
-    """``group_size`` episodes per prompt (prompt i's at i*G .. i*G + G - 1), each run to its end."""
+    run: EpisodeRun,
+    prompts: list[Any],
+    columns: dict[str, list[Any]],
+    group_size: int,
+    seed: int,
+    any_rank: Callable[[bool], bool] = bool,
+) -> list[EpisodeState]:
+    """``group_size`` episodes per prompt (prompt i's at i*G .. i*G + G - 1), each run to its end. ``any_rank``
+    turns this rank's "I have episodes going" into all ranks' decision (a collective under sharded sampling)."""
     episodes = [
         _reset(run, {**{name: values[i] for name, values in columns.items()}, "prompt": prompt}, index)
         for i, prompt in enumerate(prompts)
