@@ -193,3 +193,29 @@ def test_dynamic_sampling_refills_episode_groups(parts):
     assert len(rollout) == 4 and len(rollout.episodes.turns) == 4
     assert rollout.turn_index.shape == rollout.response_ids.shape == rollout.response_attention.shape
     assert torch.all(rollout.turn_index[rollout.response_attention == 0] == -1)
+
+
+def test_the_readmes_environment_runs_as_written(parts):
+    """The README's ``GuessNumber`` example, executed from the README itself, in a round."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Multi-turn episodes", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the project's own README
+    policy, tokenizer = parts
+
+    def search(context):  # "U:Guess my number, 1 to 8.\nA:4<eos>U:lower\nA:..."
+        low, high = 1, 8
+        for part in context.split("A:")[1:-1]:
+            guess, reply = part.split("<eos>U:")
+            low, high = (int(guess) + 1, high) if reply.strip() == "higher" else (low, int(guess) - 1)
+        return str((low + high) // 2)
+
+    settings = RoundSettings(group_size=2, num_minibatches=1, scoring=Scoring([environment_reward], [1.0]),
+                             episodes=EpisodeSettings(environment=namespace["GuessNumber"], max_turns=4))  # fmt: skip
+    batch = PromptBatch(["unused", "unused"], {"answer": ["3", "8"]})
+    result = run_round(ScriptedEngine(search), RoundModel(policy, tokenizer, max_new_tokens=8), settings, batch, 0)
+    assert result.rollout.episodes.turns.tolist() == [3, 3, 4, 4]  # 3: guesses 4, 2, 3; 8: 4, 6, 7, 8
+    assert torch.allclose(result.rollout.rewards, torch.tensor([0.8, 0.8, 0.7, 0.7]))
