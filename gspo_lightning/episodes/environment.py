@@ -93,7 +93,7 @@ class ToolEnvironment(Environment):
 
     def __init__(
         self,
-        tools: list[Callable[..., Any]],
+        tools: list[Callable[..., Any] | Tool],
         parser: ToolCallParser | str = "hermes",
         timeout_s: float | None = 10.0,
     ) -> None:

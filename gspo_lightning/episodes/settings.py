@@ -8,6 +8,7 @@ from typing import Any
 
 from gspo_lightning.episodes.environment import Environment, EnvironmentFactory, ToolEnvironment
 from gspo_lightning.episodes.parsers import ToolCallParser, resolve_parser
+from gspo_lightning.episodes.tools import tools_by_name
 from gspo_lightning.validation import SettingError
 
 
@@ -63,18 +64,20 @@ class EpisodeSettings:
             self.tool_parser = resolve_parser(self.tool_parser)
         except ValueError as error:
             raise SettingError(str(error)) from None
-        if self.tools:
-            self.factory()  # builds the schemas now: a tool without type hints fails here, not mid-rollout
+        self._factory = self._build_factory()  # a tool without type hints fails here, not mid-rollout
 
     def factory(self) -> EnvironmentFactory:
         """What builds one episode's environment."""
+        return self._factory
+
+    def _build_factory(self) -> EnvironmentFactory:
         if self.environment is not None:
             return self.environment
-        tools, parser, timeout = list(self.tools), self.tool_parser, self.tool_timeout_s
         try:
-            ToolEnvironment(tools, parser, timeout)
+            tools = list(tools_by_name(list(self.tools)).values())  # the schemas, built once for every episode
         except ValueError as error:
             raise SettingError(f"sampler.episodes.tools: {error}") from None
+        parser, timeout = self.tool_parser, self.tool_timeout_s
         return lambda: ToolEnvironment(tools, parser, timeout)
 
     def episode_budget(self, context: int | None) -> int | None:

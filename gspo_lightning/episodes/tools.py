@@ -36,9 +36,11 @@ class Tool:
     schema: dict[str, Any]
 
     @classmethod
-    def of(cls, function: Callable[..., Any]) -> Tool:
+    def of(cls, function: Callable[..., Any] | Tool) -> Tool:
         """A tool from a function (or a callable object: its ``name`` attribute, else its class's name, names it;
-        its ``__call__``'s signature and docstring make the schema)."""
+        its ``__call__``'s signature and docstring make the schema); a ``Tool`` as it is."""
+        if isinstance(function, Tool):
+            return function
         target = function if _is_plain_function(function) else getattr(function, "__call__")  # noqa: B004
         try:
             schema = get_json_schema(target)
@@ -63,7 +65,7 @@ def _describe(function: Any) -> str:
     return getattr(function, "__qualname__", None) or type(function).__name__
 
 
-def tools_by_name(functions: list[Callable[..., Any]]) -> dict[str, Tool]:
+def tools_by_name(functions: list[Callable[..., Any] | Tool]) -> dict[str, Tool]:
     """Each function as a ``Tool``, by name; two tools of one name are an error."""
     tools: dict[str, Tool] = {}
     for function in functions:
