@@ -17,9 +17,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from gspo_lightning.episodes.environment import Message
 from gspo_lightning.validation import SettingError
-
-Message = dict[str, Any]
 
 
 def render(
