@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -139,10 +140,18 @@ def ended_with_eos(response_ids: Tensor, eos_token_id: int) -> Tensor:
     return (response_ids == eos_token_id).any(-1)
 
 
+def padded(rows: list[list[Any]], value: Any, dtype: torch.dtype = torch.long, left: bool = False) -> Tensor:
+    """Lists of different lengths as one [N, longest] tensor (at least one column), ``value`` filling the rest:
+    after each row, or before it with ``left`` (prompts, whose end must line up)."""
+    width = max((len(row) for row in rows), default=0)
+    out = torch.full((len(rows), max(width, 1)), value, dtype=dtype)
+    for index, row in enumerate(rows):
+        if row:
+            target = out[index, width - len(row) :] if left else out[index, : len(row)]
+            target.copy_(torch.as_tensor(row, dtype=dtype))
+    return out
+
+
 def right_padded(rows: list[list[int]], pad_id: int, device: torch.device | str = "cpu") -> Tensor:
     """Token lists of different lengths as one [N, max length] int64 tensor, ``pad_id`` after each."""
-    width = max((len(row) for row in rows), default=0)
-    padded = torch.full((len(rows), max(width, 1)), pad_id, dtype=torch.long)
-    for index, row in enumerate(rows):
-        padded[index, : len(row)] = torch.as_tensor(row, dtype=torch.long)
-    return padded.to(device)
+    return padded(rows, pad_id).to(device)

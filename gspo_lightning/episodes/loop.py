@@ -16,11 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded
 from gspo_lightning.episodes.environment import Environment, EnvironmentFactory, Message, Step
 from gspo_lightning.episodes.rendering import first_context, observation_ids
 
@@ -115,7 +114,7 @@ def run_episodes(
         if not any_rank(bool(active)):  # sharded sampling is a collective: every rank samples as long as any does
             break
         offset = 0
-        for group in _budget_groups(run, [episodes[index] for index in active], active):
+        for group in _budget_groups(run, episodes, active):
             samples = _sample_turn(run, [episodes[index] for index in group], seed + turn * _TURN_SEED_STRIDE + offset)
             for row, index in enumerate(group):
                 _take_turn(run, episodes[index], samples, row)
@@ -151,15 +150,15 @@ def _remaining(run: EpisodeRun, episode: EpisodeState) -> int:
     return min(run.sampling.max_new_tokens, run.budget - len(episode))
 
 
-def _budget_groups(run: EpisodeRun, active: list[EpisodeState], indices: list[int]) -> list[list[int]]:
+def _budget_groups(run: EpisodeRun, episodes: list[EpisodeState], active: list[int]) -> list[list[int]]:
     """The active episodes by the tokens their next turn may take, one engine call each: no call then asks for more
     than any of its episodes has room for (most have the whole ``max_new_tokens``, so most turns are one call).
     Sharded sampling is a collective with a fixed number of calls: one call, each episode cut to its room."""
     if run.synced_gpus:
-        return [indices]
+        return [active]
     groups: dict[int, list[int]] = {}
-    for episode, index in zip(active, indices):
-        groups.setdefault(_remaining(run, episode), []).append(index)
+    for index in active:
+        groups.setdefault(_remaining(run, episodes[index]), []).append(index)
     return [groups[budget] for budget in sorted(groups, reverse=True)] or [[]]
 
 
@@ -167,12 +166,8 @@ def _sample_turn(run: EpisodeRun, active: list[EpisodeState], seed: int) -> Engi
     """One engine call for every active episode: its whole history, left-padded, one continuation each."""
     pad = run.tokenizer.pad_token_id
     contexts = [e.prompt_ids + e.response_ids for e in active] or [[pad]]  # a rank with none still joins
-    width = max(len(c) for c in contexts)
-    ids = torch.full((len(contexts), width), pad, dtype=torch.long)  # [A, L]
-    mask = torch.zeros((len(contexts), width), dtype=torch.long)  # [A, L]
-    for row, context in enumerate(contexts):
-        ids[row, width - len(context) :] = torch.as_tensor(context)
-        mask[row, width - len(context) :] = 1
+    ids = padded(contexts, pad, left=True)  # [A, L]
+    mask = padded([[1] * len(c) for c in contexts], 0, left=True)  # [A, L]
     budget = max((_remaining(run, e) for e in active), default=1)
     settings = SamplingSettings(budget, run.sampling.temperature, run.sampling.top_p, run.sampling.top_k)
     return run.engine.sample(
@@ -246,14 +241,3 @@ def _fail(run: EpisodeRun, episode: EpisodeState, index: int, where: str, error:
     logger.warning("%s; its group is left out of learning (sampler.reward_errors: skip)", message)
     episode.failure = message
     episode.stop()
-
-
-def padded(rows: list[list[Any]], value: Any, dtype: torch.dtype, left: bool = False) -> Tensor:
-    """Lists of different lengths as one [N, longest] tensor, padded with ``value`` (on the left: ``left``)."""
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), max(width, 1)), value, dtype=dtype)
-    for index, row in enumerate(rows):
-        if row:
-            target = out[index, width - len(row) :] if left else out[index, : len(row)]
-            target.copy_(torch.as_tensor(row, dtype=dtype))
-    return out

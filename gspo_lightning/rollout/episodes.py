@@ -13,8 +13,8 @@ from torch import Tensor
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.base import SamplingEngine, SamplingSettings
-from gspo_lightning.episodes.loop import EpisodeRun, EpisodeState, padded, run_episodes
+from gspo_lightning.engines.base import SamplingEngine, SamplingSettings, padded
+from gspo_lightning.episodes.loop import EpisodeRun, EpisodeState, run_episodes
 from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.episodes.rewards import ENVIRONMENT_REWARD, EPISODE_MESSAGES
 from gspo_lightning.rewards.scoring import score_completions
