@@ -141,6 +141,7 @@ class PromptDataModule(LightningDataModule):
         self._train_loader: PromptLoader | None = None
         self._refill: PromptStream | None = None
         self._refill_state: dict[str, Any] | None = None
+        self._rollout_stream: PromptStream | None = None
 
     def setup(self, stage: str | None = None) -> None:
         """Load the source (once) and check it against the template and this rank's share."""
@@ -193,6 +194,15 @@ class PromptDataModule(LightningDataModule):
             world_size=self.world_size,
             columns=list(train.column_names),
         )
+
+    def rollout_batch(self, rollout_index: int) -> PromptBatch:
+        """The prompts of this rank's rollout round ``rollout_index``, as the training loader serves them: the
+        stream is a function of the index, so asynchronous rollouts can sample a round before it is served."""
+        stream = self._rollout_stream
+        if stream is None:
+            stream = self._rollout_stream = self._train_stream()
+        rows = self._split("train")[stream.rollout_indices(rollout_index)]
+        return make_prompt_batch(rows, self.formatter, stream.columns, rollout_index, 0, self.minibatches_per_rollout)
 
     def draw_prompts(self) -> PromptBatch:
         """One more batch of P training prompts on this rank, for the sampler's dynamic sampling.

@@ -1,4 +1,5 @@
-"""Sampling engines: Hugging Face ``generate`` (``hf``, the default) or vLLM (``vllm``), behind one seam."""
+"""Sampling engines behind one seam: Hugging Face ``generate`` (``hf``, the default), vLLM colocated with the
+trainer (``vllm``), or vLLM in a process (and on devices) of its own (``vllm_process``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from typing import Literal
 from gspo_lightning.engines.base import EngineSamples, SamplingEngine
 from gspo_lightning.engines.hf import HFEngine
 from gspo_lightning.engines.vllm_engine import VLLMEngine
+from gspo_lightning.engines.vllm_process import VLLMProcessEngine
 
-EngineName = Literal["hf", "vllm"]
-ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}
+EngineName = Literal["hf", "vllm", "vllm_process"]
+ENGINES = {"hf": HFEngine, "vllm": VLLMEngine, "vllm_process": VLLMProcessEngine}
 
 
 def resolve_engine(engine: SamplingEngine | str, setting: str = "sampler.engine") -> SamplingEngine:
@@ -23,4 +25,4 @@ def resolve_engine(engine: SamplingEngine | str, setting: str = "sampler.engine"
     return ENGINES[engine]()
 
 
-__all__ = ["ENGINES", "EngineName", "EngineSamples", "HFEngine", "SamplingEngine", "VLLMEngine", "resolve_engine"]
+__all__ = ["ENGINES", "EngineName", "EngineSamples", "HFEngine", "SamplingEngine", "VLLMEngine", "VLLMProcessEngine", "resolve_engine"]

@@ -255,3 +255,39 @@ def check_episode_tokenizer(tokenizer: Any) -> None:
         "sampler.episodes renders the conversation with the tokenizer's chat template, but the policy's tokenizer "
         "has none: use a chat model's tokenizer or give the policy loader a chat_template",
     )
+
+
+def validate_asynchronous(asynchronous: Any, old_logprobs: str, dynamic_sampling: bool) -> None:
+    """Settings that cannot go with sampling ahead of training, refused when the config is read."""
+    if not asynchronous.enabled:
+        return
+    mode = f"sampler.asynchronous.mode={asynchronous.mode!r}"
+    require(
+        old_logprobs == "recompute",
+        f"{mode} needs sampler.old_logprobs: recompute (got {old_logprobs!r}): pi_old is then the proximal policy, "
+        "the trainer's weights at the start of the round a sample is trained in; the engine's log-probs are the "
+        "behaviour policy's, corrected for by model.rollout_correction",
+    )
+    require(
+        not dynamic_sampling,
+        f"{mode} does not support sampler.dynamic_sampling yet (its extra prompts come from a stream whose position "
+        "would have to follow rounds sampled ahead): set dynamic_sampling: false or asynchronous.mode: off",
+    )
+
+
+def check_asynchronous(datamodule: Any, correction_mode: str, asynchronous: Any) -> None:
+    """At fit start: the data module serves any round's prompts by index, and a warning for an uncorrected run."""
+    require(
+        callable(getattr(datamodule, "rollout_batch", None)),
+        f"sampler.asynchronous.mode={asynchronous.mode!r} samples rounds ahead, so the data module must serve any "
+        f"round's prompts by index (rollout_batch(index), as PromptDataModule does); {type(datamodule).__name__} "
+        "does not",
+    )
+    if correction_mode == "off":
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        rank_zero_warn(
+            f"sampler.asynchronous.mode={asynchronous.mode!r} with model.rollout_correction.mode: off: samples come "
+            f"from weights up to {asynchronous.lag} round(s) older than pi_old (the proximal policy) and nothing "
+            "weighs that gap; set model.rollout_correction.mode: tis (or mis) to correct it"
+        )

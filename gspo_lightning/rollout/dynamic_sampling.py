@@ -20,7 +20,8 @@ from gspo_lightning.rollout.types import EpisodeCounts, Rollout
 _LEFT_PADDED = ("prompt_ids", "prompt_mask")  # [N, Lp], the prompt's end aligned
 # [N, R] (or [N, K] turns), with the value padding takes
 _RIGHT_PADDED = {"response_ids": None, "response_mask": 0, "engine_logprobs": 0, "response_attention": 0,
-                 "turn_index": -1, "turn_rewards": 0, "token_advantages": 0}  # fmt: skip
+                 "turn_index": -1, "turn_rewards": 0, "token_advantages": 0,
+                 "policy_versions": -1}  # fmt: skip
 _PER_RESPONSE = ("rewards", "advantages", "truncated", "prompt_cut", "prompt_skipped", "kl_penalties")  # [N]
 _PER_RESPONSE_LISTS = ("completions", "prompts")  # N items
 

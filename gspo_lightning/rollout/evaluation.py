@@ -180,6 +180,9 @@ class HeldOutEvaluation(Callback):
         rank = getattr(trainer, "global_rank", 0)
         seed = evaluation_seed(self.seed, trainer.global_step, rank)
         engine = self._engine_of(trainer)
+        sampler = _training_sampler(trainer)
+        if sampler is not None:  # an engine of its own may be sampling a round ahead: let it finish
+            sampler.wait_for_engine()
         engine.before_rollout(trainer, pl_module)  # outside the inference context (see GroupSampler._new_round)
         self._episode_figures = []
         with isolated_rng(seed, pl_module.device), inference_context(trainer):

@@ -96,6 +96,23 @@ def run_round(
     """One round, every stage once. ``draw_prompts`` serves dynamic sampling's extra prompts; ``any_rank`` turns
     this rank's "I need more" into the decision of all ranks (sharded sampling is a collective)."""
     seconds: dict[str, float] = {}
+    rollout, counts = sample_round(engine, model, settings, batch, seed, seconds, draw_prompts, any_rank)
+    engine.after_rollout()
+    return train_round(rollout, model, settings, counts, seconds)
+
+
+def sample_round(
+    engine: SamplingEngine,
+    model: RoundModel,
+    settings: RoundSettings,
+    batch: PromptBatch,
+    seed: int,
+    seconds: dict[str, float],
+    draw_prompts: Callable[[], PromptBatch] | None = None,
+    any_rank: Callable[[bool], bool] = bool,
+) -> tuple[Rollout, dict[str, int]]:
+    """The round's first stages: sample, score and (dynamic sampling) refill; the scored rollout (advantages
+    None) and dynamic sampling's counts. Asynchronous rollouts run this ahead of training."""
     rollout = sample_groups(engine, model, settings, batch.prompts, batch.columns, seed, seconds, any_rank)
     counts: dict[str, int] = {}
     if settings.dynamic_sampling:
@@ -107,7 +124,20 @@ def run_round(
             return sample_groups(engine, model, settings, more.prompts, more.columns, seed + extra, seconds, any_rank)
 
         rollout, counts = refill_groups(rollout, sample_more, settings, model.tokenizer.pad_token_id, any_rank)
-    engine.after_rollout()
+    return rollout, counts
+
+
+def train_round(
+    rollout: Rollout,
+    model: RoundModel,
+    settings: RoundSettings,
+    counts: dict[str, int] | None = None,
+    seconds: dict[str, float] | None = None,
+) -> RoundResult:
+    """The round's last stages, with the trainer's current weights: pi_old's (and the reference's) pass, reward
+    shaping, advantages (once) and the K minibatches. Under asynchronous rollouts this pi_old is the proximal
+    policy and ``rollout.engine_logprobs`` the behaviour policy's."""
+    seconds = dict(seconds or {})
     started = time.perf_counter()
     passes = policy_passes(
         rollout,
@@ -125,7 +155,7 @@ def run_round(
         rewards, kl = shaped_rewards(rollout, passes, model.kl_reward_penalty)  # [N] x2
         rollout = replace(rollout, kl_penalties=kl)
     rollout = with_advantages(rollout, rewards, settings)
-    return RoundResult(rollout, assemble_minibatches(passes, rollout), counts, seconds)
+    return RoundResult(rollout, assemble_minibatches(passes, rollout), dict(counts or {}), seconds)
 
 
 def sample_groups(

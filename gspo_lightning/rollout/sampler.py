@@ -17,6 +17,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from gspo_lightning.asynchronous import AsyncRollouts
+from gspo_lightning.asynchronous.rounds import AsyncRounds
 from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
 from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
@@ -28,7 +30,8 @@ from gspo_lightning.rollout.checks import OldLogprobSource
 from gspo_lightning.rollout.contract import SamplerModule, check_built, check_sampler_module, round_model
 from gspo_lightning.rollout.minibatches import check_divisible
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length
-from gspo_lightning.rollout.round import RoundModel, RoundSettings, run_round, sample_groups, with_advantages
+from gspo_lightning.rollout.round import RoundModel, RoundResult, RoundSettings, run_round, sample_groups
+from gspo_lightning.rollout.round import with_advantages
 from gspo_lightning.rollout.state import evaluation_seed, rank_and_world, restore_rng_states, restored_round
 from gspo_lightning.rollout.state import round_checkpoint
 from gspo_lightning.rollout.stats import rollout_stats
@@ -104,6 +107,12 @@ class GroupSampler(Callback):
         episodes: multi-turn episodes instead of single responses: ``{tools: [...]}`` (the tool-calling loop) or
             ``{environment: {class_path: ...}}``, with their limits (see ``gspo_lightning.episodes.EpisodeSettings``).
             The reward functions score each episode's final answer; only the policy's own tokens are trained.
+        asynchronous: sampling ahead of training: ``{mode: fixed_lag, lag: 1}`` samples round r + lag while round
+            r trains, with the weights of round r's start (see ``gspo_lightning.asynchronous.AsyncRollouts``). With
+            an engine of its own (``engine: vllm_process``) the two overlap; with ``hf`` or the colocated ``vllm``
+            the schedule is the same but each round still waits for its sampling (they share the trainer's
+            device). Needs ``old_logprobs: recompute`` (pi_old becomes the proximal policy); pair it with
+            ``model.rollout_correction`` for the behaviour-to-proximal gap.
     """
 
     def __init__(
@@ -125,8 +134,11 @@ class GroupSampler(Callback):
         max_extra_draws: int = 4,
         mask_truncated: bool = False,
         episodes: EpisodeSettings | None = None,
+        asynchronous: AsyncRollouts | None = None,
     ) -> None:
         checks.validate_old_logprobs(old_logprobs)
+        self.asynchronous = asynchronous or AsyncRollouts()
+        checks.validate_asynchronous(self.asynchronous, old_logprobs, dynamic_sampling)
         checks.validate_sampling(rewards, reward_weights, group_size, num_minibatches, top_p, top_k)
         checks.validate_round(advantage_scale, max_extra_draws)
         checks.validate_robustness(reward_timeout_s, reward_isolation, reward_errors, prompt_overflow)
@@ -159,6 +171,7 @@ class GroupSampler(Callback):
         self._pending_rng: dict[str, Any] | None = None
         self._round_seconds: dict[str, float] = {}
         self._step_started = 0.0
+        self._ahead = AsyncRounds(self.asynchronous, self.engine) if self.asynchronous.enabled else None
 
     @property
     def group_size(self) -> int:
@@ -179,6 +192,8 @@ class GroupSampler(Callback):
         checks.check_rollout_correction(module.rollout_correction.mode, self.old_logprobs)
         checks.check_data_columns(trainer.datamodule, self.rewards, "train", "sampler.rewards")
         checks.check_turn_advantages(self.round.episodes, pl_module)
+        if self._ahead is not None:
+            checks.check_asynchronous(trainer.datamodule, module.rollout_correction.mode, self.asynchronous)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = check_sampler_module(pl_module)
@@ -196,6 +211,8 @@ class GroupSampler(Callback):
         self.engine.setup(trainer, pl_module)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._ahead is not None:
+            self._ahead.close()  # before the engine: a background job may be using it
         self.reward_runner.close()
         self.engine.teardown()
 
@@ -220,7 +237,10 @@ class GroupSampler(Callback):
         if batch.rollout_index != self._rollout_index or not self._minibatches:
             self._new_round(trainer, pl_module, batch)
         batch.minibatch = self._minibatches[batch.minibatch_index].to(pl_module.device)
-        seconds = {"generate_s": 0.0, "reward_s": 0.0, "old_logprob_s": 0.0} | self._round_seconds
+        seconds = {"generate_s": 0.0, "reward_s": 0.0, "old_logprob_s": 0.0}
+        if self._ahead is not None:
+            seconds |= {"trainer_wait_s": 0.0, "engine_idle_s": 0.0}
+        seconds |= self._round_seconds
         metrics = {f"rollout/{k}": v for k, v in self._stats.items()} | {f"time/{k}": v for k, v in seconds.items()}
         log_across_ranks(pl_module, metrics, len(batch.minibatch))
         if shows_progress_bar(pl_module):
@@ -234,12 +254,26 @@ class GroupSampler(Callback):
 
     def _new_round(self, trainer: pl.Trainer, pl_module: SamplerModule, batch: PromptBatch) -> None:
         check_divisible(len(batch) * self.group_size, self.num_minibatches)
+        if self._ahead is not None:
+            result, lag_stats = self._sampled_ahead(trainer, pl_module, batch)
+        else:
+            result, lag_stats = self._on_policy(trainer, pl_module, batch), {}
+        self.last_rollout = result.rollout
+        self._minibatches = result.minibatches
+        self._round_seconds = result.seconds
+        self._stats = rollout_stats(result.rollout, self.group_size) | lag_stats
+        self._stats.update({name: torch.tensor(float(value)) for name, value in result.counts.items()})
+        if self.round.mask_truncated:
+            self._stats["truncated_masked"] = result.rollout.truncated.float().sum().cpu()
+        self._rollout_index = batch.rollout_index
+
+    def _on_policy(self, trainer: pl.Trainer, pl_module: SamplerModule, batch: PromptBatch) -> RoundResult:
         # Outside the inference context: under FSDP1 that holds the root's parameters gathered, and the engine's
         # weight sync gathers every unit itself.
         self.engine.before_rollout(trainer, pl_module)
         model = round_model(pl_module, self._wants_engine_logprobs(), parameters_are_sharded(trainer))
         with inference_context(trainer):
-            result = run_round(
+            return run_round(
                 self.engine,
                 model,
                 self.round,
@@ -248,14 +282,29 @@ class GroupSampler(Callback):
                 draw_prompts=getattr(trainer.datamodule, "draw_prompts", None),
                 any_rank=lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False),
             )
-        self.last_rollout = result.rollout
-        self._minibatches = result.minibatches
-        self._round_seconds = result.seconds
-        self._stats = rollout_stats(result.rollout, self.group_size)
-        self._stats.update({name: torch.tensor(float(value)) for name, value in result.counts.items()})
-        if self.round.mask_truncated:
-            self._stats["truncated_masked"] = result.rollout.truncated.float().sum().cpu()
-        self._rollout_index = batch.rollout_index
+
+    def _sampled_ahead(
+        self, trainer: pl.Trainer, pl_module: SamplerModule, batch: PromptBatch
+    ) -> tuple[RoundResult, dict[str, torch.Tensor]]:
+        """``sampler.asynchronous``: this round trains on samples of older weights (``asynchronous/rounds.py``)."""
+        assert self._ahead is not None
+        # An engine of its own samples while the policy trains: it needs no synced_gpus (it never runs the policy)
+        sharded = parameters_are_sharded(trainer) and not self._ahead.producer.runs_in_background
+        result, stats, seconds = self._ahead.next_round(
+            trainer,
+            batch.rollout_index,
+            lambda: round_model(pl_module, True, sharded),  # the behaviour policy's log-probs, always
+            self.round,
+            trainer.datamodule.rollout_batch,
+            self.round_seed,
+        )
+        result.seconds.update(seconds)
+        return result, stats
+
+    def wait_for_engine(self) -> None:
+        """Let sampling in flight finish (before the evaluation borrows the engine)."""
+        if self._ahead is not None:
+            self._ahead.drain()
 
     def sample(
         self, model: SamplerModule | RoundModel, prompts: list[Any], columns: dict[str, list[Any]], seed: int = 0
@@ -281,11 +330,18 @@ class GroupSampler(Callback):
     def state_dict(self) -> dict[str, Any]:
         """Each rank's partly consumed round and random generators travel with the checkpoint, so a resumed
         run trains on the same data and draws the same samples as an uninterrupted one."""
-        return round_checkpoint(self._rollout_index, self._minibatches, self._stats, self._fixed_settings())
+        ahead = self._ahead.state_dict() if self._ahead is not None else None
+        return round_checkpoint(self._rollout_index, self._minibatches, self._stats, self._fixed_settings(), ahead)
 
-    def _fixed_settings(self) -> dict[str, int]:
+    def _fixed_settings(self) -> dict[str, Any]:
         """What a resumed run cannot change: the saved round, its advantages and the data position depend on it."""
-        return {"sampler.group_size": self.group_size, "sampler.num_minibatches": self.num_minibatches}
+        return {
+            "sampler.group_size": self.group_size,
+            "sampler.num_minibatches": self.num_minibatches,
+            # the rounds sampled ahead (saved with the checkpoint) were drawn under these
+            "sampler.asynchronous.mode": self.asynchronous.mode,
+            "sampler.asynchronous.lag": self.asynchronous.rounds_ahead,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         local = restored_round(state_dict, self._fixed_settings(), "GroupSampler")
@@ -293,3 +349,5 @@ class GroupSampler(Callback):
         self._minibatches = [Minibatch(**fields) for fields in local["minibatches"]]
         self._stats = local["stats"]
         self._pending_rng = local["rng"]
+        if self._ahead is not None:
+            self._ahead.load_state_dict(local.get("sampled_ahead") or [])

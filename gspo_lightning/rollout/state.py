@@ -114,19 +114,26 @@ def select_rank(per_rank: list[dict[str, Any]], owner: str) -> dict[str, Any]:
 
 
 def round_checkpoint(
-    rollout_index: int | None, minibatches: list[Minibatch], stats: dict[str, torch.Tensor], fixed: dict[str, int]
+    rollout_index: int | None,
+    minibatches: list[Minibatch],
+    stats: dict[str, torch.Tensor],
+    fixed: dict[str, Any],
+    sampled_ahead: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A sampler's checkpoint: every rank's partly consumed round and random state, and the settings it fixes."""
+    """A sampler's checkpoint: every rank's partly consumed round, the rounds it sampled ahead (asynchronous
+    rollouts), its random state, and the settings it fixes."""
     local = {
         "rollout_index": rollout_index,
         "minibatches": [{k: v.cpu() for k, v in mb.tensors().items()} for mb in minibatches],
         "stats": stats,
         "rng": rng_states(),
     }
+    if sampled_ahead is not None:
+        local["sampled_ahead"] = sampled_ahead
     return {"per_rank": gather_per_rank(local), "settings": fixed}
 
 
-def restored_round(state_dict: dict[str, Any], fixed: dict[str, int], owner: str) -> dict[str, Any]:
+def restored_round(state_dict: dict[str, Any], fixed: dict[str, Any], owner: str) -> dict[str, Any]:
     """This rank's part of ``round_checkpoint``'s output, once the settings it fixed are checked unchanged."""
     saved = state_dict.get("settings", {})  # absent in checkpoints from before they were recorded
     changed = [f"{name} (checkpoint {saved[name]}, now {value})" for name, value in fixed.items()

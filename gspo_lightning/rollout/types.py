@@ -122,6 +122,8 @@ class Rollout:
         token_advantages: [N, R] float32 per-token advantages (per-turn advantages of episodes,
                                  ``sampler.episodes.turn_advantages``); None: ``advantages`` for every token
         episodes:       per-episode counts (turns, tool calls, limits hit), for the metrics; None when single-turn
+        policy_versions: [N, R] int64, the policy version that sampled each of the policy's tokens (rounds trained
+                                 before it was sampled), -1 elsewhere; set by asynchronous rollouts, else None
         completions:    N response texts (EOS and what follows left out)
         prompts:        N prompts as the data module formatted them, each repeated G times
     """
@@ -145,6 +147,7 @@ class Rollout:
     turn_rewards: Tensor | None = None
     token_advantages: Tensor | None = None
     episodes: EpisodeCounts | None = None
+    policy_versions: Tensor | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

@@ -1,0 +1,137 @@
+"""A round under ``sampler.asynchronous``: hand the engine the rounds due now, then train on one sampled earlier.
+
+At the start of round r (the trainer's weights are version r):
+
+1. submit: the rounds ``schedule.rounds_to_submit(r, lag)`` are sampled with version r's weights: on the spot
+   (``InlineProducer``, an engine sharing the trainer's device) or on a background thread (an engine of its own,
+   which gets a snapshot of version r).
+2. take: round r's samples, made by version r - lag (waiting for them if the engine is still at it).
+3. train: ``rollout/round.py``'s ``train_round`` with the current weights: pi_old is the proximal policy
+   (version r), the engine's log-probs are the behaviour policy's, and the rollout correction weighs the gap.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from gspo_lightning.asynchronous.checkpoint import restored_sampled_round, sampled_round_state
+from gspo_lightning.asynchronous.metrics import version_lag_stats
+from gspo_lightning.asynchronous.producer import Job, make_producer
+from gspo_lightning.asynchronous.schedule import rounds_to_submit
+from gspo_lightning.asynchronous.settings import AsyncRollouts
+from gspo_lightning.engines.base import SamplingEngine
+from gspo_lightning.rollout.round import RoundModel, RoundResult, RoundSettings, sample_round, train_round
+from gspo_lightning.rollout.types import PromptBatch, Rollout
+from gspo_lightning.strategies import inference_context
+
+
+class AsyncRounds:
+    """The sampled-ahead rounds of one rank and the producer sampling them (see the module docstring)."""
+
+    def __init__(self, settings: AsyncRollouts, engine: SamplingEngine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.producer = make_producer(bool(getattr(engine, "runs_in_background", False)))
+        self._last_finished: float | None = None
+
+    def next_round(
+        self,
+        trainer: pl.Trainer,
+        round_index: int,
+        model: Callable[[], RoundModel],
+        round_settings: RoundSettings,
+        prompts_of: Callable[[int], PromptBatch],
+        seed_of: Callable[[int], int],
+    ) -> tuple[RoundResult, dict[str, torch.Tensor], dict[str, float]]:
+        """Submit what is due at ``round_index``, then train on its samples: the round, its lag and queue figures
+        (``rollout/``), and ``trainer_wait_s`` / ``engine_idle_s``."""
+        started = time.perf_counter()
+        # Round r itself is due when nothing sampled it ahead (a run resumed from a checkpoint without it)
+        wanted = sorted({round_index, *rounds_to_submit(round_index, self.settings.lag)})
+        due = [index for index in wanted if index not in self.producer]
+        if due:
+            self._submit(trainer, round_index, due, model, round_settings, prompts_of, seed_of)
+        sampled = self.producer.take(round_index)
+        waited = time.perf_counter() - started
+        idle = 0.0 if self._last_finished is None else max(0.0, sampled.started - self._last_finished)
+        self._last_finished = sampled.finished or None
+        with inference_context(trainer):
+            result = train_round(sampled.rollout, model(), round_settings, {}, sampled.seconds)
+        assert sampled.rollout.policy_versions is not None
+        stats = version_lag_stats(sampled.rollout.policy_versions, round_index, self.settings.lag)
+        stats["queue_depth"] = torch.tensor(float(self.producer.depth))
+        return result, stats, {"trainer_wait_s": waited, "engine_idle_s": idle}
+
+    def _submit(
+        self,
+        trainer: pl.Trainer,
+        version: int,
+        due: list[int],
+        model: Callable[[], RoundModel],
+        round_settings: RoundSettings,
+        prompts_of: Callable[[int], PromptBatch],
+        seed_of: Callable[[int], int],
+    ) -> None:
+        module = trainer.lightning_module
+        if self.producer.runs_in_background:
+            snapshot = self.engine.snapshot_weights(trainer, module)  # version's weights, taken now
+            load: Callable[[], None] = lambda: self.engine.load_snapshot(snapshot)  # noqa: E731
+            for index in due:
+                job = _sampling_job(self.engine, model(), round_settings, prompts_of(index), seed_of(index), version, load)
+                self.producer.submit(index, version, job)
+            return
+        self.engine.before_rollout(trainer, module)  # the engine gets the current weights
+        with inference_context(trainer):
+            for index in due:
+                job = _sampling_job(self.engine, model(), round_settings, prompts_of(index), seed_of(index), version)
+                self.producer.submit(index, version, job)
+        self.engine.after_rollout()
+
+    def drain(self) -> None:
+        """Wait for the engine's work in flight (the engine is about to be used from this thread, or saved)."""
+        drain = getattr(self.producer, "drain", None)
+        if drain is not None:
+            drain()
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """This rank's sampled rounds not yet trained (waits for those in flight)."""
+        return [sampled_round_state(sampled) for sampled in self.producer.finished()]
+
+    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+        self.producer.restore([restored_sampled_round(entry) for entry in state])
+        self._last_finished = None
+
+    def close(self) -> None:
+        self.producer.close()
+
+
+def _sampling_job(
+    engine: SamplingEngine,
+    model: RoundModel,
+    settings: RoundSettings,
+    batch: PromptBatch,
+    seed: int,
+    version: int,
+    before: Callable[[], None] | None = None,
+) -> Job:
+    def job() -> tuple[Rollout, dict[str, float]]:
+        if before is not None:
+            before()
+        seconds: dict[str, float] = {}
+        rollout, _ = sample_round(engine, model, settings, batch, seed, seconds)
+        return with_policy_versions(rollout, version), seconds
+
+    return job
+
+
+def with_policy_versions(rollout: Rollout, version: int) -> Rollout:
+    """``rollout`` with every policy token marked as sampled by ``version`` (-1 on the others)."""
+    mask = rollout.response_mask != 0  # [N, R]
+    versions = torch.where(mask, torch.full_like(rollout.response_ids, version), -1)  # [N, R]
+    return replace(rollout, policy_versions=versions)
