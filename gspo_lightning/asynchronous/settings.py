@@ -31,7 +31,7 @@ class AsyncRollouts:
             >= 1 with ``fixed_lag`` (1: one-step off-policy, sampling overlaps one round of training).
     """
 
-    mode: AsyncMode = "off"
+    mode: str = "off"  # checked below (a Literal nested in an optional dataclass gets no readable CLI error)
     lag: int = 1
 
     def __post_init__(self) -> None:

@@ -111,6 +111,7 @@ class VLLMProcessEngine(VLLMEngine):
         self._probe: Tensor | None = None
         self._engine_dtype = "float32"
         self._fsdp1: nn.Module | None = None
+        self._snapshot_paths: list[str] = []  # every one written, removed at teardown at the latest
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.llm is not None:
@@ -141,12 +142,16 @@ class VLLMProcessEngine(VLLMEngine):
     def teardown(self) -> None:
         super().teardown()
         self.loaded = None
+        for path in self._snapshot_paths:
+            shutil.rmtree(path, ignore_errors=True)
+        self._snapshot_paths = []
 
     @torch.no_grad()
     def snapshot_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> WeightSnapshot:
         """The trainer's current weights, written for the engine, with the trainer's probe log-probs. Every
         training rank calls this at the same point (a sharded policy is gathered one layer at a time)."""
         path = tempfile.mkdtemp(prefix="gspo_lightning_weights_", dir=self.snapshot_dir)
+        self._snapshot_paths = [p for p in self._snapshot_paths if os.path.exists(p)] + [path]
         try:
             tensors: dict[str, Tensor] = {}
             for group in policy_weight_groups(pl_module.policy, self._fsdp1):
