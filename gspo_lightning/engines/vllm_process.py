@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 import shutil
 import tempfile
 import weakref
@@ -68,9 +70,9 @@ class VLLMProcessEngine(VLLMEngine):
 
     Args:
         dtype, enforce_eager, kv_cache_gib, max_model_len, seed, gpu_memory_utilization: as ``VLLMEngine``'s.
-        cpu_cores: CPUs only: the cores the engine's threads are bound to (``VLLM_CPU_OMP_THREADS_BIND``, e.g.
-            ``"1"`` or ``"2-3"``), so that engine and trainer do not compete for the same cores; null: vLLM's
-            default.
+        cpu_cores: CPUs only: the cores the engine's processes run on and its compute threads are bound to
+            (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``"1"`` or ``"2-3"``, so that engine and trainer do not compete for
+            the same cores (give the trainer the others, e.g. ``taskset``); null: vLLM's default.
         devices: GPUs only: ``CUDA_VISIBLE_DEVICES`` of each training rank's engine, by local rank (e.g. ``["1"]``
             for one trainer on GPU 0 and its engine on GPU 1); null: the engine sees what the trainer sees.
         sync_check_tolerance: the probe's largest accepted |log-prob difference| after a sync (null: by dtype,
@@ -231,7 +233,43 @@ class VLLMProcessEngine(VLLMEngine):
             options.update(_cpu_scheduling(self.max_model_len or config_length))
         if self.max_model_len is not None:
             options["max_model_len"] = self.max_model_len
-        return vllm.LLM(**options)
+        with _affinity(core_set(self.cpu_cores) if device.type == "cpu" else None):
+            return vllm.LLM(**options)
+
+
+def core_set(cores: str | None) -> set[int] | None:
+    """``"1"``, ``"2-3"`` or ``"0,2-3"`` as a set of core numbers (None stays None)."""
+    if cores is None:
+        return None
+    chosen: set[int] = set()
+    try:
+        for part in cores.split(","):
+            low, _, high = part.partition("-")
+            chosen.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        chosen = set()
+    available = set(range(os.cpu_count() or 1))  # not this process' own affinity: the trainer's may be narrower
+    require(
+        bool(chosen) and chosen <= available,
+        f"sampler.engine.cpu_cores must name cores of this machine, like '1' or '2-3' (cores 0-{max(available)}), "
+        f"got {cores!r}",
+    )
+    return chosen
+
+
+@contextmanager
+def _affinity(cores: set[int] | None) -> Iterator[None]:
+    """This process on ``cores`` while the engine's processes start, which inherit it (their scheduler threads as
+    well as their compute threads: the trainer's cores stay the trainer's); then back."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def set_process_engine_environment(

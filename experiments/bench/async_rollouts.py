@@ -1,0 +1,176 @@
+"""Synchronous against fixed-lag rollouts, one core for the engine and one for the trainer.
+
+    python experiments/bench/async_rollouts.py                  # 2 modes x 3 seeds, about 20 minutes on 2 cores
+    python experiments/bench/async_rollouts.py --seeds 0 --steps 100    # a quick look
+
+The quick start (warm-started tiny Qwen3, 3-digit addition, P x G = 16 x 8, K = 4) with
+``sampler.engine: vllm_process``: vLLM's engine core in a process of its own, its threads bound to core 1
+(``cpu_cores: "1"``), the trainer's process on core 0 (``taskset -c 0``), one thread each (``OMP_NUM_THREADS=1``).
+Both modes do the same work, with ``model.rollout_correction.mode: tis``:
+
+- ``sync``: ``sampler.asynchronous.mode: off``: each round the engine samples while the trainer waits, then the
+  trainer trains K steps while the engine waits;
+- ``fixed_lag``: ``mode: fixed_lag, lag: 1``: the engine samples round r + 1 (with the weights of round r's
+  start) while round r trains.
+
+Measured from each run's own clock (a callback stamping every optimizer step): optimizer steps per second after
+the first round (the engine's start and the first, unoverlapped round left out), the engine's busy fraction
+(``time/generate_s`` + ``time/reward_s``: the producer's time on a round / wall time), the trainer's waiting
+fraction (``time/trainer_wait_s``), and held-out greedy accuracy (256 prompts) every 100 steps, against steps and
+wall time. Results: ``results.csv`` (one row per run), ``curves.csv`` (accuracy by step and second),
+``output.txt`` (the summary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+OUT = ROOT / "experiments/async_rollouts"
+MODES = {
+    "sync": ["--sampler.asynchronous.mode=off"],
+    "fixed_lag": ["--sampler.asynchronous.mode=fixed_lag", "--sampler.asynchronous.lag=1"],
+}
+K = 4
+CONFIG = ROOT / "configs/scratchpad.yaml"
+EVERY = 50
+
+
+class StepClock(pl.Callback):
+    """Writes ``step,seconds`` (``time.perf_counter``) after every optimizer step to ``clock.csv``."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        with open("clock.csv", "a") as handle:
+            handle.write(f"{trainer.global_step},{time.perf_counter()}\n")
+
+
+def _command(mode: str, seed: int, steps: int) -> list[str]:
+    engine = '{"class_path": "gspo_lightning.engines.VLLMProcessEngine", "init_args": {"cpu_cores": "1"}}'
+    return [
+        "taskset", "-c", "0", sys.executable, "-m", "gspo_lightning", "fit", "-c", str(CONFIG),
+        f"--trainer.max_steps={steps}",
+        "--trainer.enable_progress_bar=false", "--trainer.logger.init_args.save_dir=runs",
+        "--trainer.callbacks+=experiments.bench.async_rollouts.StepClock",
+        f"--sampler.engine={engine}", "--model.init_args.rollout_correction.mode=tis",
+        f"--evaluation.every_n_steps={EVERY}",
+        f"--seed_everything={seed}", f"--model.init_args.policy.init_args.seed={seed}", f"--data.init_args.seed={seed}",
+        *MODES[mode],
+    ]  # fmt: skip
+
+
+def _environment(cache: Path) -> dict[str, str]:
+    return dict(os.environ, GSPO_LIGHTNING_CACHE=str(cache), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
+                VLLM_CPU_KVCACHE_SPACE="1", MKL_NUM_THREADS="1")  # fmt: skip
+
+
+def _warm_start(cache: Path, seed: int) -> None:
+    """The warm start of this seed into the cache, on both cores, before anything is timed."""
+    workdir = OUT / "work" / f"warm_{seed}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", str(CONFIG),
+               "--trainer.max_steps=1", "--evaluation.every_n_steps=0", "--trainer.enable_progress_bar=false",
+               f"--model.init_args.policy.init_args.seed={seed}", f"--data.init_args.seed={seed}"]  # fmt: skip
+    environment = dict(os.environ, GSPO_LIGHTNING_CACHE=str(cache), PYTHONPATH=str(ROOT))
+    subprocess.run(command, cwd=workdir, env=environment, check=True, capture_output=True)
+
+
+def _run(mode: str, seed: int, steps: int, cache: Path) -> dict:
+    workdir = OUT / "work" / f"{mode}_{seed}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    result = subprocess.run(_command(mode, seed, steps), cwd=workdir, env=_environment(cache), capture_output=True,
+                            text=True)  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"{mode} seed {seed} failed:\n{result.stderr[-4000:]}")
+    clock = [tuple(map(float, line.split(","))) for line in (workdir / "clock.csv").read_text().splitlines()]
+    stamp = {int(step): seconds for step, seconds in clock}
+    rows = list(csv.DictReader(next(workdir.glob("runs/*/version_0/metrics.csv")).open()))
+    return {"mode": mode, "seed": seed, "stamp": stamp, "rows": rows}
+
+
+def _summary(run: dict, steps: int) -> dict:
+    stamp, rows = run["stamp"], run["rows"]
+    first, last = K, steps  # after the first round: the engine's start and round 0 are not overlapped in either mode
+    wall = stamp[last] - stamp[first]
+
+    def total(name: str) -> float:
+        return sum(float(r[name]) for r in rows if r.get(name) and first <= int(r["step"]) < last)
+
+    accuracy = {int(r["step"]): float(r["eval/accuracy"]) for r in rows if r.get("eval/accuracy")}
+    return {
+        "mode": run["mode"], "seed": run["seed"], "steps_per_s": (last - first) / wall, "wall_s": wall,
+        "engine_busy_frac": (total("time/generate_s") + total("time/reward_s")) / wall,
+        "trainer_wait_frac": total("time/trainer_wait_s") / wall if run["mode"] != "sync" else
+        (total("time/generate_s") + total("time/reward_s")) / wall,
+        "train_frac": (total("time/old_logprob_s") + total("time/train_s")) / wall,
+        "accuracy_start": accuracy.get(0), "accuracy_end": accuracy.get(steps),
+        "accuracy_gain": accuracy.get(steps, float("nan")) - accuracy.get(0, float("nan")),
+        "clip_frac_mean": statistics.mean(float(r["train/clip_frac"]) for r in rows if r.get("train/clip_frac")),
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    cache = OUT / "work" / "cache"  # the warm starts, removed with the runs
+    OUT.mkdir(parents=True, exist_ok=True)
+    summaries, curves = [], []
+    for seed in args.seeds:
+        _warm_start(cache, seed)
+        for mode in MODES:
+            run = _run(mode, seed, args.steps, cache)
+            summaries.append(_summary(run, args.steps))
+            print(summaries[-1], flush=True)
+            zero = run["stamp"][K] - (run["stamp"][2 * K] - run["stamp"][K])  # wall time 0: one round before step 4
+            for row in run["rows"]:
+                if row.get("eval/accuracy"):
+                    step = int(row["step"])
+                    seconds = run["stamp"].get(step, zero) - zero if step else 0.0
+                    curves.append({"mode": mode, "seed": seed, "step": step, "wall_s": round(seconds, 2),
+                                   "accuracy": float(row["eval/accuracy"])})  # fmt: skip
+    _write(OUT / "results.csv", summaries)
+    _write(OUT / "curves.csv", curves)
+    lines = [f"# python experiments/bench/async_rollouts.py --seeds {' '.join(map(str, args.seeds))} --steps "
+             f"{args.steps}  ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"]  # fmt: skip
+    for mode in MODES:
+        rows = [s for s in summaries if s["mode"] == mode]
+        mean = {key: statistics.mean(r[key] for r in rows) for key in rows[0] if key not in ("mode", "seed")}
+        lines.append(f"{mode:>9}: {mean['steps_per_s']:.3f} steps/s  engine busy {mean['engine_busy_frac']:.0%}  "
+                     f"trainer waiting {mean['trainer_wait_frac']:.0%}  training {mean['train_frac']:.0%}  "
+                     f"accuracy gain {100 * mean['accuracy_gain']:+.1f} points (per seed: "
+                     + ", ".join(f"{100 * r['accuracy_gain']:+.1f}" for r in rows) + ")")  # fmt: skip
+    sync = statistics.mean(s["steps_per_s"] for s in summaries if s["mode"] == "sync")
+    lag = statistics.mean(s["steps_per_s"] for s in summaries if s["mode"] == "fixed_lag")
+    lines.append(f"fixed lag / sync: {lag / sync:.2f}x optimizer steps per second")
+    split = [s for s in summaries if s["mode"] == "sync"]
+    ideal = statistics.mean(1 / max(s["train_frac"], s["engine_busy_frac"]) for s in split)
+    lines.append(f"perfect overlap of sync's own split (the longer of sampling and training per round): {ideal:.2f}x")
+    (OUT / "output.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    shutil.rmtree(OUT / "work", ignore_errors=True)
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
