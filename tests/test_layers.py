@@ -20,6 +20,8 @@ FORBIDDEN = {
     # episodes: what a round samples with (tools, environments, the turn loop); the round turns them into a Rollout
     "episodes": ("gspo_lightning.rollout", "gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.cli",
                  "lightning"),
+    # asynchronous: when a round is sampled and with which weights; the round's stages stay rollout's
+    "asynchronous": ("gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.cli"),
     "rollout/round.py": ("lightning",),
     "diagnostics.py": ("lightning", "torch.distributed"),
     "logprobs.py": ("lightning", "torch.distributed"),
@@ -55,9 +57,14 @@ def test_a_layer_does_not_import_what_sits_above_it(part):
     assert found == []
 
 
-def test_the_vllm_engine_sets_the_environment_in_one_place():
-    tree = ast.parse((PACKAGE / "engines/vllm_engine.py").read_text())
-    writers = set()
+@pytest.mark.parametrize(
+    ("engine", "writers"),
+    [("vllm_engine.py", {"set_vllm_environment"}),
+     ("vllm_process.py", {"set_process_engine_environment", "_visible_devices"})],
+)  # fmt: skip
+def test_a_vllm_engine_sets_the_environment_in_one_place(engine, writers):
+    tree = ast.parse((PACKAGE / "engines" / engine).read_text())
+    found = set()
     for function in (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)):
         for node in ast.walk(function):
             target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
@@ -65,5 +72,5 @@ def test_the_vllm_engine_sets_the_environment_in_one_place():
             if subscript or (target is not None and node.func.attr == "setdefault"):
                 text = ast.unparse(node)
                 if "os.environ" in text:
-                    writers.add(function.name)
-    assert writers == {"set_vllm_environment"}
+                    found.add(function.name)
+    assert found == writers

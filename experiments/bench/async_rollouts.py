@@ -126,7 +126,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--report", action="store_true", help="rebuild output.txt from results.csv, run nothing")
     args = parser.parse_args()
+    if args.report:
+        _report(list(csv.DictReader((OUT / "results.csv").open())), args.seeds, args.steps)
+        return
     cache = OUT / "work" / "cache"  # the warm starts, removed with the runs
     OUT.mkdir(parents=True, exist_ok=True)
     summaries, curves = [], []
@@ -145,24 +149,32 @@ def main() -> None:
                                    "accuracy": float(row["eval/accuracy"])})  # fmt: skip
     _write(OUT / "results.csv", summaries)
     _write(OUT / "curves.csv", curves)
-    lines = [f"# python experiments/bench/async_rollouts.py --seeds {' '.join(map(str, args.seeds))} --steps "
-             f"{args.steps}  ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"]  # fmt: skip
+    _report(summaries, args.seeds, args.steps)
+    shutil.rmtree(OUT / "work", ignore_errors=True)
+
+
+def _report(summaries: list[dict], seeds: list[int], steps: int) -> None:
+    """``output.txt`` from the runs' summaries (``--report`` rebuilds it from ``results.csv``)."""
+    lines = [f"# python experiments/bench/async_rollouts.py --seeds {' '.join(map(str, seeds))} --steps {steps}  "
+             f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"]  # fmt: skip
     for mode in MODES:
         rows = [s for s in summaries if s["mode"] == mode]
-        mean = {key: statistics.mean(r[key] for r in rows) for key in rows[0] if key not in ("mode", "seed")}
+        mean = {key: statistics.mean(float(r[key]) for r in rows) for key in rows[0] if key not in ("mode", "seed")}
         lines.append(f"{mode:>9}: {mean['steps_per_s']:.3f} steps/s  engine busy {mean['engine_busy_frac']:.0%}  "
                      f"trainer waiting {mean['trainer_wait_frac']:.0%}  training {mean['train_frac']:.0%}  "
-                     f"accuracy gain {100 * mean['accuracy_gain']:+.1f} points (per seed: "
-                     + ", ".join(f"{100 * r['accuracy_gain']:+.1f}" for r in rows) + ")")  # fmt: skip
-    sync = statistics.mean(s["steps_per_s"] for s in summaries if s["mode"] == "sync")
-    lag = statistics.mean(s["steps_per_s"] for s in summaries if s["mode"] == "fixed_lag")
-    lines.append(f"fixed lag / sync: {lag / sync:.2f}x optimizer steps per second")
+                     f"clip fraction {mean['clip_frac_mean']:.3f}  accuracy gain {100 * mean['accuracy_gain']:+.1f} "
+                     "points (per seed: " + ", ".join(f"{100 * float(r['accuracy_gain']):+.1f}" for r in rows) + ")")
+    by = {(r["mode"], int(r["seed"])): float(r["steps_per_s"]) for r in summaries}
+    ratios = [by[("fixed_lag", seed)] / by[("sync", seed)] for seed in seeds]
+    sync = statistics.mean(by[("sync", seed)] for seed in seeds)
+    lag = statistics.mean(by[("fixed_lag", seed)] for seed in seeds)
+    lines.append(f"fixed lag / sync: {lag / sync:.2f}x optimizer steps per second (per seed: "
+                 + ", ".join(f"{ratio:.2f}x" for ratio in ratios) + ")")  # fmt: skip
     split = [s for s in summaries if s["mode"] == "sync"]
-    ideal = statistics.mean(1 / max(s["train_frac"], s["engine_busy_frac"]) for s in split)
+    ideal = statistics.mean(1 / max(float(s["train_frac"]), float(s["engine_busy_frac"])) for s in split)
     lines.append(f"perfect overlap of sync's own split (the longer of sampling and training per round): {ideal:.2f}x")
     (OUT / "output.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    shutil.rmtree(OUT / "work", ignore_errors=True)
 
 
 def _write(path: Path, rows: list[dict]) -> None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 import shutil
@@ -114,6 +116,7 @@ class VLLMProcessEngine(VLLMEngine):
         self._engine_dtype = "float32"
         self._fsdp1: nn.Module | None = None
         self._snapshot_paths: list[str] = []  # every one written, removed at teardown at the latest
+        self._watchdog: tuple[subprocess.Popen, int] | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.llm is not None:
@@ -147,6 +150,11 @@ class VLLMProcessEngine(VLLMEngine):
         for path in self._snapshot_paths:
             shutil.rmtree(path, ignore_errors=True)
         self._snapshot_paths = []
+        if self._watchdog is not None:  # closing our end makes it kill whatever of the engine is left, and exit
+            watchdog, pipe = self._watchdog
+            self._watchdog = None
+            os.close(pipe)
+            watchdog.wait(timeout=30)
 
     @torch.no_grad()
     def snapshot_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> WeightSnapshot:
@@ -214,7 +222,7 @@ class VLLMProcessEngine(VLLMEngine):
 
     def _build_process(self, path: str, device: torch.device, local_rank: int) -> Any:
         vllm = import_vllm()
-        set_process_engine_environment(device, self.kv_cache_gib, self.cpu_cores, self.devices, local_rank)
+        set_process_engine_environment(device, self.kv_cache_gib, self.cpu_cores)
         options: dict[str, Any] = dict(
             model=path,
             tokenizer=self._directory,
@@ -233,8 +241,48 @@ class VLLMProcessEngine(VLLMEngine):
             options.update(_cpu_scheduling(self.max_model_len or config_length))
         if self.max_model_len is not None:
             options["max_model_len"] = self.max_model_len
-        with _affinity(core_set(self.cpu_cores) if device.type == "cpu" else None):
-            return vllm.LLM(**options)
+        cores = core_set(self.cpu_cores) if device.type == "cpu" else None
+        before = _children()
+        with _affinity(cores), _visible_devices(self.devices if device.type == "cuda" else None, local_rank):
+            llm = vllm.LLM(**options)
+        self._watchdog = stop_with_this_process(sorted(_children() - before))
+        return llm
+
+
+_WATCHDOG = """
+import os, signal, sys
+sys.stdin.buffer.read()  # returns when the trainer's end of the pipe closes: it exited, or was killed
+for pid in map(int, sys.argv[1:]):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
+
+
+def stop_with_this_process(pids: list[int]) -> tuple[subprocess.Popen, int] | None:
+    """A watchdog that kills ``pids`` (the engine's processes) when this process ends, however it ends.
+
+    vLLM's engine core does not watch the process that started it: a trainer killed with SIGKILL (out of memory, a
+    scheduler's pre-emption) would leave it running, holding its cores or GPU memory. The watchdog blocks on a pipe
+    this process holds the other end of, which the kernel closes when this process dies (or ``teardown`` closes it).
+    Returns the watchdog and this process' end of the pipe."""
+    if not pids:
+        return None
+    read, write = os.pipe()
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, *map(str, pids)], stdin=read, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    os.close(read)
+    os.set_inheritable(write, False)  # only this process holds it: a child outliving it must not keep it open
+    return watchdog, write
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {child.pid for child in psutil.Process().children(recursive=True)}
 
 
 def core_set(cores: str | None) -> set[int] | None:
@@ -272,23 +320,36 @@ def _affinity(cores: set[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def set_process_engine_environment(
-    device: torch.device, kv_cache_gib: int, cpu_cores: str | None, devices: list[str] | None, local_rank: int
-) -> None:
+def set_process_engine_environment(device: torch.device, kv_cache_gib: int, cpu_cores: str | None) -> None:
     """What vLLM reads when the engine starts: its core in a process of its own (the trainer's process keeps the
-    client), the KV cache and cores on CPUs, the devices on GPUs (inherited by the engine's process only: this
-    process' CUDA context exists already)."""
+    client), and on CPUs the KV cache and the cores its threads are bound to."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     if device.type == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         if cpu_cores is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_cores
-    elif devices is not None:
-        require(
-            local_rank < len(devices),
-            f"sampler.engine.devices lists {len(devices)} entries but local rank {local_rank} needs one",
-        )
-        os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
+
+
+@contextmanager
+def _visible_devices(devices: list[str] | None, local_rank: int) -> Iterator[None]:
+    """``CUDA_VISIBLE_DEVICES`` for the engine's processes while they start (they inherit it; this process' CUDA
+    context exists already and keeps its devices), then back."""
+    if devices is None:
+        yield
+        return
+    require(
+        local_rank < len(devices),
+        f"sampler.engine.devices lists {len(devices)} entries but local rank {local_rank} needs one",
+    )
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 def write_checkpoint(path: str, model: nn.Module, tensors: dict[str, Tensor]) -> None:

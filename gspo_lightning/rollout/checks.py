@@ -7,6 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from lightning.pytorch.utilities import rank_zero_warn
+
 from gspo_lightning.rewards.columns import check_reward_columns
 from gspo_lightning.objectives import ADVANTAGE_SCALES
 from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
@@ -284,8 +286,6 @@ def check_asynchronous(datamodule: Any, correction_mode: str, asynchronous: Any)
         "does not",
     )
     if correction_mode == "off":
-        from lightning.pytorch.utilities import rank_zero_warn
-
         rank_zero_warn(
             f"sampler.asynchronous.mode={asynchronous.mode!r} with model.rollout_correction.mode: off: samples come "
             f"from weights up to {asynchronous.lag} round(s) older than pi_old (the proximal policy) and nothing "

@@ -17,7 +17,7 @@ from tests.test_cli import ROOT, tiny_run_config
 
 STEPS, K, LAG = 24, 4, 2
 COMPARED = ("train/loss", "rollout/reward_mean", "train/ratio_mean", "train/clip_frac", "mismatch/kl",
-            "rollout/lag_tokens_mean", "rollout/queue_depth")  # fmt: skip
+            "rollout/lag_tokens_mean", "rollout/queue_depth", "drift/kl_old_theta_mb0")  # fmt: skip
 ASYNC = {"asynchronous": {"mode": "fixed_lag", "lag": LAG}, "rewards": ["tests.fault_helpers.length_reward"],
          "engine": {"class_path": "tests.asynchronous.recording.RecordingHFEngine"}}  # fmt: skip
 CORRECTION = {"rollout_correction": {"mode": "tis", "threshold": 2.0}}
@@ -82,6 +82,14 @@ def test_lag_and_queue_metrics_follow_the_schedule(uninterrupted):
     # stale rounds: pi_old (proximal) and the engine's (behaviour) log-probs differ; on-policy round 0 they agree
     assert max(float(steps[s]["mismatch/kl"]) for s in range(K)) < 1e-6
     assert min(float(steps[s]["mismatch/kl"]) for s in range(LAG * K, STEPS, K)) > 1e-6
+
+
+@pytest.mark.slow
+def test_pi_old_is_the_proximal_policy_so_every_rounds_first_step_has_ratio_one(uninterrupted):
+    _, steps = uninterrupted
+    first = [steps[step] for step in range(0, STEPS, K)]
+    assert all(row["train/ratio_mean"] == "1.0" and row["drift/kl_old_theta_mb0"] == "0.0" for row in first), first
+    assert any(float(steps[step]["train/ratio_mean"]) != 1.0 for step in range(1, STEPS) if step % K)  # it moves
 
 
 @pytest.mark.slow
