@@ -7,8 +7,8 @@ from typing import Literal
 
 from gspo_lightning.validation import SettingError
 
-AsyncMode = Literal["off", "fixed_lag"]
-ASYNC_MODES: tuple[str, ...] = ("off", "fixed_lag")
+AsyncMode = Literal["off", "fixed_lag", "streaming"]
+ASYNC_MODES: tuple[str, ...] = ("off", "fixed_lag", "streaming")
 MAX_LAG = 64
 """More rounds ahead than this holds that many sampled rounds (and, for an engine of its own, weight snapshots)
 in memory for no gain: staleness past a few versions only costs learning."""
@@ -27,12 +27,21 @@ class AsyncRollouts:
             then the proximal policy, the weights at the start of the round a sample is trained in (recomputed,
             ``sampler.old_logprobs: recompute``); the engine's log-probs are the behaviour policy's, and
             ``model.rollout_correction`` corrects the gap between the two.
+            ``streaming``: generation never waits for training (``asynchronous/streaming.py``): prompt groups are
+            generated in chunks of ``chunk_tokens`` on an engine of its own, the newest weights loaded between
+            chunks (a sample in flight continues under them; every token records its version), and a group is
+            admitted only while no token of it can be more than ``max_staleness`` versions old when trained.
         lag: rounds (policy versions) between the weights that sample a round and the weights that train on it,
             >= 1 with ``fixed_lag`` (1: one-step off-policy, sampling overlaps one round of training).
+        max_staleness: ``streaming``: the most versions any trained token may be older than the proximal policy
+            (>= 0; 0 is on-policy).
+        chunk_tokens: ``streaming``: tokens generated per sample between two chances to load new weights (>= 1).
     """
 
     mode: str = "off"  # checked below (a Literal nested in an optional dataclass gets no readable CLI error)
     lag: int = 1
+    max_staleness: int = 2
+    chunk_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.mode not in ASYNC_MODES:
@@ -43,11 +52,18 @@ class AsyncRollouts:
                 f"sample a round and those that train on it), got {self.lag!r}"
             )
 
+        for name, (low, high) in {"max_staleness": (0, MAX_LAG), "chunk_tokens": (1, 1 << 20)}.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise SettingError(f"sampler.asynchronous.{name} must be an integer in [{low}, {high}], got {value!r}")
+
     @property
     def enabled(self) -> bool:
         return self.mode != "off"
 
     @property
     def rounds_ahead(self) -> int:
-        """How many rounds past the one training may be sampled already (0 when off)."""
+        """How many versions old a trained sample may be (0 when off): the lag, or the streaming bound."""
+        if self.mode == "streaming":
+            return self.max_staleness
         return self.lag if self.enabled else 0

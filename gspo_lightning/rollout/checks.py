@@ -259,11 +259,26 @@ def check_episode_tokenizer(tokenizer: Any) -> None:
     )
 
 
-def validate_asynchronous(asynchronous: Any, old_logprobs: str, dynamic_sampling: bool) -> None:
+def validate_asynchronous(
+    asynchronous: Any, old_logprobs: str, dynamic_sampling: bool, engine: Any = None, episodes: Any = None,
+    prompt_overflow: str = "error",
+) -> None:  # fmt: skip
     """Settings that cannot go with sampling ahead of training, refused when the config is read."""
     if not asynchronous.enabled:
         return
     mode = f"sampler.asynchronous.mode={asynchronous.mode!r}"
+    if asynchronous.mode == "streaming":
+        require(
+            bool(getattr(engine, "runs_in_background", False)),
+            f"{mode} needs an engine of its own that generates while the trainer trains (sampler.engine: "
+            f"vllm_process, gspo_lightning.engines.VLLMProcessEngine); got {getattr(engine, 'name', engine)!r}. "
+            "With hf or vllm use mode: fixed_lag",
+        )
+        require(episodes is None, f"{mode} does not support sampler.episodes yet: use mode: fixed_lag")
+        require(
+            prompt_overflow == "error",
+            f"{mode} needs sampler.prompt_overflow: error (got {prompt_overflow!r}): its groups are admitted one by one",
+        )
     require(
         old_logprobs == "recompute",
         f"{mode} needs sampler.old_logprobs: recompute (got {old_logprobs!r}): pi_old is then the proximal policy, "

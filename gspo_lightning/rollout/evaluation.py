@@ -4,6 +4,7 @@ at the end."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import lightning.pytorch as pl
@@ -181,16 +182,16 @@ class HeldOutEvaluation(Callback):
         seed = evaluation_seed(self.seed, trainer.global_step, rank)
         engine = self._engine_of(trainer)
         sampler = _training_sampler(trainer)
-        if sampler is not None:  # an engine of its own may be sampling a round ahead: let it finish
-            sampler.wait_for_engine()
-        engine.before_rollout(trainer, pl_module)  # outside the inference context (see GroupSampler._new_round)
-        self._episode_figures = []
-        with isolated_rng(seed, pl_module.device), inference_context(trainer):
-            for number, batch in enumerate(trainer.datamodule.heldout_dataloader()):
-                num_correct, counted = self._score_batch(trainer, pl_module, batch, seed + number)  # [P], [P]
-                if bool(counted.any()):
-                    metric.update(num_correct[counted].to(metric.device), self.samples_per_prompt)
-            engine.after_rollout()
+        # an engine of its own may be sampling ahead: the sampler lends it for the evaluation's time
+        with sampler.engine_lent() if sampler is not None else nullcontext():
+            engine.before_rollout(trainer, pl_module)  # outside the inference context (see GroupSampler._new_round)
+            self._episode_figures = []
+            with isolated_rng(seed, pl_module.device), inference_context(trainer):
+                for number, batch in enumerate(trainer.datamodule.heldout_dataloader()):
+                    num_correct, counted = self._score_batch(trainer, pl_module, batch, seed + number)  # [P], [P]
+                    if bool(counted.any()):
+                        metric.update(num_correct[counted].to(metric.device), self.samples_per_prompt)
+                engine.after_rollout()
         values = {name: float(value) for name, value in metric.compute().items()}
         accuracy = values["pass@1"]
         metrics = {"eval/accuracy": accuracy} | self._episode_means()

@@ -10,7 +10,8 @@ K times in a row with ``minibatch_index`` 0..K-1 (``PromptDataModule`` does this
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
@@ -18,7 +19,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gspo_lightning.asynchronous import AsyncRollouts
-from gspo_lightning.asynchronous.rounds import AsyncRounds
+from gspo_lightning.asynchronous.rounds import make_rounds
 from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
 from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
@@ -111,7 +112,9 @@ class GroupSampler(Callback):
             r trains, with the weights of round r's start (see ``gspo_lightning.asynchronous.AsyncRollouts``). With
             an engine of its own (``engine: vllm_process``) the two overlap; with ``hf`` or the colocated ``vllm``
             the schedule is the same but each round still waits for its sampling (they share the trainer's
-            device). Needs ``old_logprobs: recompute`` (pi_old becomes the proximal policy); pair it with
+            device). ``{mode: streaming, max_staleness: 2}`` (``vllm_process`` only): generation never waits, new
+            weights are loaded between chunks, and no trained token is more than ``max_staleness`` versions old.
+            Needs ``old_logprobs: recompute`` (pi_old becomes the proximal policy); pair it with
             ``model.rollout_correction`` for the behaviour-to-proximal gap.
     """
 
@@ -137,12 +140,13 @@ class GroupSampler(Callback):
         asynchronous: AsyncRollouts | None = None,
     ) -> None:
         checks.validate_old_logprobs(old_logprobs)
+        self.engine = resolve_engine(engine)
         self.asynchronous = asynchronous or AsyncRollouts()
-        checks.validate_asynchronous(self.asynchronous, old_logprobs, dynamic_sampling)
+        checks.validate_asynchronous(self.asynchronous, old_logprobs, dynamic_sampling, self.engine, episodes,
+                                     prompt_overflow)  # fmt: skip
         checks.validate_sampling(rewards, reward_weights, group_size, num_minibatches, top_p, top_k)
         checks.validate_round(advantage_scale, max_extra_draws)
         checks.validate_robustness(reward_timeout_s, reward_isolation, reward_errors, prompt_overflow)
-        self.engine = resolve_engine(engine)
         self.rewards: list[RewardFunction] = list(rewards)
         self.reward_runner = RewardRunner(reward_isolation, reward_timeout_s)
         self.old_logprobs = old_logprobs
@@ -171,7 +175,7 @@ class GroupSampler(Callback):
         self._pending_rng: dict[str, Any] | None = None
         self._round_seconds: dict[str, float] = {}
         self._step_started = 0.0
-        self._ahead = AsyncRounds(self.asynchronous, self.engine) if self.asynchronous.enabled else None
+        self._ahead = make_rounds(self.asynchronous, self.engine) if self.asynchronous.enabled else None
 
     @property
     def group_size(self) -> int:
@@ -289,7 +293,7 @@ class GroupSampler(Callback):
         """``sampler.asynchronous``: this round trains on samples of older weights (``asynchronous/rounds.py``)."""
         assert self._ahead is not None
         # An engine of its own samples while the policy trains: it needs no synced_gpus (it never runs the policy)
-        sharded = parameters_are_sharded(trainer) and not self._ahead.producer.runs_in_background
+        sharded = parameters_are_sharded(trainer) and not self._ahead.runs_in_background
         result, stats, seconds = self._ahead.next_round(
             trainer,
             batch.rollout_index,
@@ -297,14 +301,23 @@ class GroupSampler(Callback):
             self.round,
             trainer.datamodule.rollout_batch,
             self.round_seed,
+            any_rank=lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False),
         )
         result.seconds.update(seconds)
         return result, stats
 
-    def wait_for_engine(self) -> None:
-        """Let sampling in flight finish (before the evaluation borrows the engine)."""
-        if self._ahead is not None:
-            self._ahead.drain()
+    @contextmanager
+    def engine_lent(self) -> Iterator[None]:
+        """The engine used from this thread for a while (the evaluation): sampling in flight finishes first, and a
+        streaming loop waits until the engine is given back (then loads its own weights again)."""
+        if self._ahead is None:
+            yield
+            return
+        self._ahead.lend()
+        try:
+            yield
+        finally:
+            self._ahead.give_back()
 
     def sample(
         self, model: SamplerModule | RoundModel, prompts: list[Any], columns: dict[str, list[Any]], seed: int = 0

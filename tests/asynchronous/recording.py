@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 
+import lightning.pytorch as pl
+
+from gspo_lightning import GroupSampler
 from gspo_lightning.engines import HFEngine, VLLMProcessEngine
 
 
@@ -35,3 +38,17 @@ class RecordingVLLMProcessEngine(VLLMProcessEngine):
         _record(seed, self.loaded.step, group_size)
         return super().sample(policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs,
                               synced_gpus, seed)  # fmt: skip
+
+
+class RecordTrainedPrompts(pl.Callback):
+    """After each round's first step: the round and the prompts it trained on (one per group), as JSON lines in
+    ``$GSPO_TEST_TRAINED``."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch.minibatch_index != 0:
+            return
+        sampler = next(c for c in trainer.callbacks if isinstance(c, GroupSampler))
+        rollout = sampler.last_rollout
+        prompts = rollout.prompts[:: sampler.group_size]
+        with open(os.environ["GSPO_TEST_TRAINED"], "a") as handle:
+            handle.write(json.dumps({"round": batch.rollout_index, "prompts": prompts}) + "\n")

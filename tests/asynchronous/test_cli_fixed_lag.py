@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -37,11 +38,8 @@ def _config(directory: Path, fault: dict | None = None, sampler: dict | None = N
 
 def _run(config: Path, *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", str(config), *extra]
-    environment = {"PYTHONPATH": str(ROOT), "GSPO_TEST_RECORD": str(config.parent / "record.jsonl"),
-                   "MKL_CBWR": "COMPATIBLE", "PATH": "/usr/bin:/bin"}  # fmt: skip
-    import os
-
-    environment = dict(os.environ, **environment)
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), GSPO_TEST_RECORD=str(config.parent / "record.jsonl"),
+                       GSPO_TEST_TRAINED=str(config.parent / "trained.jsonl"), MKL_CBWR="COMPATIBLE")  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, cwd=config.parent, env=environment, timeout=900)
 
 
@@ -111,7 +109,10 @@ def test_a_fixed_lag_run_killed_mid_round_resumes_bit_for_bit(tmp_path, uninterr
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("--sampler.asynchronous.mode=streamed", "sampler.asynchronous.mode must be one of ['off', 'fixed_lag']"),
+        ("--sampler.asynchronous.mode=streamed",
+         "sampler.asynchronous.mode must be one of ['off', 'fixed_lag', 'streaming']"),
+        ("--sampler.asynchronous.mode=streaming", "needs an engine of its own that generates while the trainer trains"),
+        ("--sampler.asynchronous.max_staleness=-1", "sampler.asynchronous.max_staleness must be an integer in [0, 64]"),
         ("--sampler.asynchronous.lag=-1", "sampler.asynchronous.lag must be an integer in [1, 64]"),
         ("--sampler.asynchronous.lag=0", "sampler.asynchronous.lag must be an integer in [1, 64]"),
         ("--sampler.old_logprobs=engine", "needs sampler.old_logprobs: recompute (got 'engine')"),
@@ -124,3 +125,13 @@ def test_bad_asynchronous_settings_fail_when_the_config_is_read(tmp_path, overri
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
     assert "warm start" not in result.stderr and "Traceback" not in result.stderr  # refused before anything ran
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_each_sample_their_own_rounds_ahead(tmp_path):
+    config = _config(tmp_path, sampler={**ASYNC, "engine": "hf"})
+    result = _run(config, "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_steps=12")
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = _per_step(tmp_path / "runs/tiny/version_0")
+    assert sorted(steps) == list(range(12))
+    assert {step // K: float(row["rollout/lag_tokens_mean"]) for step, row in steps.items()} == {0: 0.0, 1: 1.0, 2: 2.0}
