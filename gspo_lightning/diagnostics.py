@@ -121,6 +121,16 @@ def _length_bucket_stats(lengths: Tensor, clipped_tokens: Tensor, edges: list[in
     return {f"clip_frac_len_{names[k]}_{names[k + 1]}": fractions[k] for k in range(len(edges) + 1)}
 
 
+def by_lag(values: Tensor, weights: Tensor, lags: Tensor, name: str) -> dict[str, Tensor]:
+    """``<name>_lag_<k>``: the ``weights``-weighted mean of ``values`` [N] over the responses whose policy lag
+    (asynchronous rollouts, [N] int) is k, for each k present among responses of positive weight."""
+    out = {}
+    for k in sorted(set(lags[weights > 0].tolist())):
+        member = (lags == k) & (weights > 0)  # [N]
+        out[f"{name}_lag_{k}"] = (values * weights)[member].sum() / weights[member].sum()
+    return {key: value.detach().float() for key, value in out.items()}
+
+
 @torch.no_grad()
 def ratio_diagnostics(
     logprobs: Tensor,
@@ -131,6 +141,7 @@ def ratio_diagnostics(
     eps_high: float,
     ratio_level: RatioLevel,
     length_edges: Sequence[int] = (),
+    lags: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Clip fractions per response and per length bucket, the spread of ``s_i``, and KL(pi_old || pi_theta).
 
@@ -141,6 +152,7 @@ def ratio_diagnostics(
         ratio_level: ``"sequence"`` (GSPO, GSPO-token: ``s_i`` of Eq. 7 clipped per response) or ``"token"``
             (GRPO and variants: ``w_i,t`` of Eq. 2 clipped per token). Decides only the clip fractions.
         length_edges: response-length bucket edges in tokens (see ``length_bucket_edges``); none -> no buckets.
+        lags: [N] int, each response's policy lag (asynchronous rollouts), or None.
 
     Returns detached float32 scalars:
         ``clip_frac_resp[_low|_high]``: each valid response weighs once. "sequence": the fraction of responses
@@ -155,6 +167,7 @@ def ratio_diagnostics(
             likelihood moved a lot (e.g. an inference/training mismatch or an MoE routing shift).
         ``clip_frac_len_<lo>_<hi>``: token-weighted clip fraction of the responses with ``lo <= |y_i| < hi``
             ("sequence": a clipped response counts all its tokens; "token": its clipped tokens).
+        ``clip_frac_lag_<k>``: with ``lags``, the same for the responses of lag k (each lag present).
         ``kl_old_theta``: mean over response tokens of the k3 estimate ``(r - 1) - log r >= 0``,
             ``r = pi_theta / pi_old``, of KL(pi_old || pi_theta) (tokens are sampled from pi_old). 0 on the
             first minibatch of a round, small positive values growing over its later minibatches; a value that
@@ -179,6 +192,9 @@ def ratio_diagnostics(
     stats = {"clip_frac_resp": low + high, "clip_frac_resp_low": low, "clip_frac_resp_high": high}
     stats.update(_ratio_quantiles(log_ratio, valid))
     stats.update(_length_bucket_stats(lengths, low_tokens + high_tokens, edges))
+    if lags is not None:  # token-weighted: clipped tokens over tokens, per lag
+        stats.update(by_lag((low_tokens + high_tokens) / denominator, lengths.float(), lags.to(lengths.device),
+                            "clip_frac"))  # fmt: skip
     # k3 of KL(pi_old || pi_theta) = expm1(x) - x with x = log r; linear above x = 20, so huge x stays finite.
     kl = k3_from_log_ratio(token_log_ratio(logprobs, old_logprobs, token_mask))  # [N, T], 0 on padding
     stats["kl_old_theta"] = mean_over_valid(kl, token_mask)

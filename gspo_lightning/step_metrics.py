@@ -9,9 +9,10 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
-from gspo_lightning.diagnostics import length_bucket_edges, ratio_diagnostics, sequence_ratios
+from gspo_lightning.diagnostics import by_lag, length_bucket_edges, ratio_diagnostics, sequence_ratios
 from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
 from gspo_lightning.objectives import mismatch_stats
+from gspo_lightning.objectives.gspo import sequence_log_ratio
 from gspo_lightning.rollout.types import Minibatch
 
 
@@ -34,6 +35,7 @@ def log_step_metrics(
         module.eps_high,
         ratio_level=module.objective.ratio,
         length_edges=length_bucket_edges(module.hparams.max_new_tokens),
+        lags=minibatch.policy_lag,
     )
     log_across_ranks(module, {"train/loss": loss.detach()}, size)
     if shows_progress_bar(module):
@@ -75,4 +77,8 @@ def log_mismatch(module: pl.LightningModule, minibatch: Minibatch, correction_st
     correction left out (``masked_frac``) or capped (``truncated_frac``)."""
     figures = mismatch_stats(minibatch.old_logprobs, minibatch.engine_logprobs, minibatch.response_mask)
     figures.update(correction_stats)
+    if minibatch.policy_lag is not None:  # asynchronous: the correction's log-weight, log(pi_prox / pi_behav), by lag
+        log_weight = sequence_log_ratio(minibatch.old_logprobs, minibatch.engine_logprobs, minibatch.response_mask)
+        present = (minibatch.response_mask != 0).any(-1).float()  # [n]
+        figures.update(by_lag(log_weight, present, minibatch.policy_lag, "log_ratio_mean"))
     log_across_ranks(module, {f"mismatch/{name}": value for name, value in figures.items()}, len(minibatch))

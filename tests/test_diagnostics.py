@@ -206,3 +206,22 @@ def test_invalid_arguments_raise() -> None:
         diagnostics("sequence", (4, 4))
     with pytest.raises(ValueError, match=">= 2"):
         diagnostics("sequence", (1, 4))
+
+
+def test_clip_fraction_by_lag_by_hand():
+    from gspo_lightning.diagnostics import by_lag
+
+    # responses of 2, 4 and 2 tokens with 1, 0 and 2 clipped tokens; lags 0, 1, 1: lag 0: 1/2, lag 1: (0 + 2)/(4 + 2)
+    clipped, lengths = torch.tensor([1.0, 0.0, 2.0]), torch.tensor([2.0, 4.0, 2.0])
+    stats = by_lag(clipped / lengths, lengths, torch.tensor([0, 1, 1]), "clip_frac")
+    assert stats == {"clip_frac_lag_0": torch.tensor(0.5), "clip_frac_lag_1": torch.tensor(2 / 6)}
+    assert by_lag(clipped, torch.tensor([0.0, 1.0, 0.0]), torch.tensor([0, 1, 2]), "x") == {"x_lag_1": torch.tensor(0.0)}
+
+
+def test_ratio_diagnostics_split_the_clip_fraction_by_lag():
+    logprobs = torch.tensor([[0.0, 0.0], [0.5, 0.5]])  # response 1 moved far: clipped (A > 0, ratio e^0.5)
+    old = torch.zeros(2, 2)
+    stats = ratio_diagnostics(logprobs, old, torch.ones(2), torch.ones(2, 2), 0.2, 0.2, "sequence",
+                              lags=torch.tensor([0, 3]))  # fmt: skip
+    assert stats["clip_frac_lag_0"] == 0.0 and stats["clip_frac_lag_3"] == 1.0
+    assert "clip_frac_lag_1" not in stats

@@ -1,12 +1,12 @@
-"""Synchronous against fixed-lag rollouts, one core for the engine and one for the trainer.
+"""Synchronous against fixed-lag and streaming rollouts, one core for the engine and one for the trainer.
 
-    python experiments/bench/async_rollouts.py                  # 2 modes x 3 seeds, about 20 minutes on 2 cores
+    python experiments/bench/async_rollouts.py                  # 3 modes x 3 seeds, about 35 minutes on 2 cores
     python experiments/bench/async_rollouts.py --seeds 0 --steps 100    # a quick look
 
 The quick start (warm-started tiny Qwen3, 3-digit addition, P x G = 16 x 8, K = 4) with
 ``sampler.engine: vllm_process``: vLLM's engine core in a process of its own, its threads bound to core 1
 (``cpu_cores: "1"``), the trainer's process on core 0 (``taskset -c 0``), one thread each (``OMP_NUM_THREADS=1``).
-Both modes do the same work, with ``model.rollout_correction.mode: tis``:
+Every mode does the same work, with ``model.rollout_correction.mode: tis``:
 
 - ``sync``: ``sampler.asynchronous.mode: off``: each round the engine samples while the trainer waits, then the
   trainer trains K steps while the engine waits;

@@ -38,3 +38,11 @@ def version_lag_stats(policy_versions: Tensor, trained_version: int, longest: in
 
 def _mean(values: Tensor) -> Tensor:
     return values.mean() if values.numel() else torch.zeros(())
+
+
+def response_lags(policy_versions: Tensor, trained_version: int) -> Tensor:
+    """[N] int64: each response's lag (its oldest policy token's), 0 for a response without policy tokens."""
+    tokens = policy_versions >= 0  # [N, R]
+    lag = (trained_version - policy_versions).clamp(min=0)  # [N, R]
+    return torch.where(tokens, lag, 0).amax(-1)  # [N]
+

@@ -21,14 +21,14 @@ import lightning.pytorch as pl
 import torch
 
 from gspo_lightning.asynchronous.checkpoint import restored_sampled_round, sampled_round_state
-from gspo_lightning.asynchronous.metrics import version_lag_stats
+from gspo_lightning.asynchronous.metrics import response_lags, version_lag_stats
 from gspo_lightning.asynchronous.producer import Job, make_producer
 from gspo_lightning.asynchronous.schedule import rounds_to_submit
 from gspo_lightning.asynchronous.settings import AsyncRollouts
 from gspo_lightning.asynchronous.streaming import StreamingProducer, groups_rollout
 from gspo_lightning.engines.base import SamplingEngine, SamplingSettings
 from gspo_lightning.rollout.round import RoundModel, RoundResult, RoundSettings, sample_round, train_round
-from gspo_lightning.rollout.types import PromptBatch, Rollout
+from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
 from gspo_lightning.strategies import inference_context
 
 
@@ -71,6 +71,7 @@ class AsyncRounds:
         with inference_context(trainer):
             result = train_round(sampled.rollout, model(), round_settings, {}, sampled.seconds)
         assert sampled.rollout.policy_versions is not None
+        result.minibatches = with_lags(result.minibatches, response_lags(sampled.rollout.policy_versions, round_index))
         stats = version_lag_stats(sampled.rollout.policy_versions, round_index, self.settings.lag)
         stats["queue_depth"] = torch.tensor(float(self.producer.depth))
         return result, stats, {"trainer_wait_s": waited, "engine_idle_s": idle}
@@ -186,6 +187,7 @@ class StreamingRounds:
         with inference_context(trainer):
             result = train_round(rollout, current, round_settings)
         assert rollout.policy_versions is not None
+        result.minibatches = with_lags(result.minibatches, response_lags(rollout.policy_versions, round_index))
         stats = version_lag_stats(rollout.policy_versions, round_index, self.settings.max_staleness)
         stats["queue_depth"] = torch.tensor(float(self.producer.depth))
         stats["partial_frac"] = partial_fraction(rollout.policy_versions)
@@ -230,6 +232,15 @@ class StreamingRounds:
         if self.producer is not None:
             self.producer.close()
             self.producer = None
+
+
+def with_lags(minibatches: list[Minibatch], lags: torch.Tensor) -> list[Minibatch]:
+    """Each minibatch with its rows' policy lags (``lags`` [N], rows in minibatch order)."""
+    out, start = [], 0
+    for minibatch in minibatches:
+        out.append(replace(minibatch, policy_lag=lags[start : start + len(minibatch)].to(minibatch.input_ids.device)))
+        start += len(minibatch)
+    return out
 
 
 def partial_fraction(policy_versions: torch.Tensor) -> torch.Tensor:

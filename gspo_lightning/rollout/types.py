@@ -65,6 +65,8 @@ class Minibatch:
         engine_logprobs: [n, R] float32 the sampling engine's log-probs of the same tokens, when pi_old is the
                                 trainer's recomputation and the engine reported them: for the rollout-training
                                 mismatch correction and metrics
+        policy_lag:     [n]     int64, asynchronous rollouts: versions between the proximal pi_old and each
+                                response's oldest token (for the clip fraction and the correction by lag)
     """
 
     input_ids: Tensor
@@ -77,6 +79,7 @@ class Minibatch:
     ref_logprobs: Tensor | None = None
     old_routes: Tensor | None = None
     engine_logprobs: Tensor | None = None
+    policy_lag: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -135,3 +135,15 @@ def test_two_ddp_ranks_each_sample_their_own_rounds_ahead(tmp_path):
     steps = _per_step(tmp_path / "runs/tiny/version_0")
     assert sorted(steps) == list(range(12))
     assert {step // K: float(row["rollout/lag_tokens_mean"]) for step, row in steps.items()} == {0: 0.0, 1: 1.0, 2: 2.0}
+
+
+@pytest.mark.slow
+def test_clip_fraction_and_correction_are_logged_by_lag(uninterrupted):
+    directory, _ = uninterrupted
+    rows = [r for r in csv.DictReader((directory / "runs/tiny/version_0/metrics.csv").open()) if r.get("train/loss")]
+    for row in rows:
+        lag = min(int(row["step"]) // K, LAG)  # every response of a fixed-lag round has the round's lag
+        # one lag in the minibatch: its token-weighted clip fraction is the minibatch's
+        assert float(row[f"diag/clip_frac_lag_{lag}"]) == pytest.approx(float(row["train/clip_frac"]), abs=1e-6)
+        assert row[f"mismatch/log_ratio_mean_lag_{lag}"] != ""
+        assert all(row.get(f"diag/clip_frac_lag_{other}", "") == "" for other in range(LAG + 1) if other != lag)
