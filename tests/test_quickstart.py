@@ -20,10 +20,16 @@ from tests.test_cli import ROOT
 COMMAND = [sys.executable, "-m", "gspo_lightning", "fit", "-c", "configs/quickstart.yaml"]  # the README's
 RUN = Path("runs/quickstart/version_0")
 LEARNING_STEPS = 500
-MIN_GAIN = 0.12
-"""Held-out accuracy the quick start gains in its first 500 steps, at least: +19.5 to +38.7 points on seeds 0-4
-(``experiments/schedules/curves.csv``), +17.2 with one torch thread (another warm start); the slow run reported in
-issue 23 gained +8.2."""
+MIN_GAIN = 0.06
+"""Held-out accuracy the quick start gains in its first 500 steps, at least. Where the warm start lands depends on
+floating-point rounding, so the gain depends on the machine: +19.5 to +38.7 points on seeds 0-4 where the README's
+table was measured (``experiments/schedules/curves.csv``), +17.2 with one torch thread, +14.5 on seed 0 on the
+machine of issue 26's session, +8.6 on a CI machine and +8.2 on the slow run reported in issue 23. A recipe that
+stops learning gains nothing here, within the evaluation's noise (256 problems: about 4 points)."""
+MIN_REWARD_GAIN = 0.04
+"""The training reward's mean over steps 400-499 minus its mean over steps 0-99, at least: +0.067 to +0.186 on the
+runs above that recorded it. Each mean is over 25 rounds of 128 samples, so its noise is about 0.01: this is the
+steadier of the two signals."""
 
 
 def _workdir(tmp_path: Path) -> Path:
@@ -97,6 +103,14 @@ def test_the_quick_start_learns_in_its_first_500_steps(tmp_path):
                             cwd=workdir, env=environment, capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     with (workdir / RUN / "metrics.csv").open(newline="") as handle:
-        accuracy = {int(r["step"]): float(r["eval/accuracy"]) for r in csv.DictReader(handle) if r["eval/accuracy"]}
-    assert sorted(accuracy) == [0, 250, 500]
+        rows = list(csv.DictReader(handle))
+    accuracy = {int(r["step"]): float(r["eval/accuracy"]) for r in rows if r["eval/accuracy"]}
+    reward = {int(r["step"]): float(r["rollout/reward_mean"]) for r in rows if r.get("rollout/reward_mean")}
+    assert sorted(accuracy) == [0, 250, 500] and sorted(reward) == list(range(LEARNING_STEPS))
+    reward_gain = _mean(reward, range(400, 500)) - _mean(reward, range(100))
     assert accuracy[LEARNING_STEPS] - accuracy[0] >= MIN_GAIN, accuracy
+    assert reward_gain >= MIN_REWARD_GAIN, (reward_gain, accuracy)
+
+
+def _mean(values: dict[int, float], steps: range) -> float:
+    return sum(values[step] for step in steps) / len(steps)
