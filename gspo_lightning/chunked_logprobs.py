@@ -42,8 +42,36 @@ class _HeadSpec:
     """How the head's matmul is computed, fixed at forward time so backward recomputes the same logits."""
 
     temperature: float
-    chunk_size: int  # tokens per chunk; with a predictor, a whole number of responses
+    chunk_size: int  # tokens in the largest chunk
     compute_dtype: torch.dtype
+    bounds: tuple[tuple[int, int], ...]  # each chunk's [begin, end) tokens; with a predictor, whole responses
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the flat tokens [N] sit among the responses [n, R], for the predictor (which takes whole responses).
+
+    Padded: N = n * R, token i is response i // R, column i % R. Packed: ``targets`` [N] is each token's flat
+    index into [n, R] (sorted), and only the tokens the forward scored are there."""
+
+    row_length: int  # R
+    targets: Tensor | None = None  # [N] int64, packed only
+
+    def responses(self, begin: int, end: int) -> slice:
+        """The responses whose tokens are ``[begin, end)`` (a chunk cut at response boundaries)."""
+        if self.targets is None:
+            return slice(begin // self.row_length, end // self.row_length)
+        return slice(int(self.targets[begin]) // self.row_length, int(self.targets[end - 1]) // self.row_length + 1)
+
+    def predict(self, predict: UpstreamPredictor, logprobs: Tensor, begin: int, end: int) -> Tensor:
+        """d loss / d logprobs [end - begin] of a chunk's tokens, from the predictor over its whole responses."""
+        responses = self.responses(begin, end)
+        if self.targets is None:
+            return predict(logprobs.view(-1, self.row_length), responses).reshape(-1)
+        where = self.targets[begin:end] - responses.start * self.row_length  # [C] into the chunk's [k, R]
+        block = logprobs.new_zeros((responses.stop - responses.start) * self.row_length)  # [k * R]
+        block[where] = logprobs
+        return predict(block.view(-1, self.row_length), responses).reshape(-1)[where]
 
 
 def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -150,8 +178,8 @@ def _recomputed_grads(ctx, upstream: Tensor) -> _HeadGrads:
     spec: _HeadSpec = ctx.spec
     grads = _HeadGrads.zeros(hidden, weight, bias, ctx.needs_input_grad[:3])
     buffer = hidden.new_empty(min(spec.chunk_size, hidden.shape[0]), weight.shape[0], dtype=torch.float32)
-    for begin in range(0, hidden.shape[0], spec.chunk_size):
-        rows = slice(begin, begin + spec.chunk_size)
+    for begin, end in spec.bounds:
+        rows = slice(begin, end)
         scores = _chunk_scores(hidden[rows], weight, bias, spec, buffer)  # [C, V]
         probs = scores.sub_(log_normaliser[rows, None]).exp_()  # [C, V]
         grads.add_chunk(probs, upstream[rows], tokens[rows], hidden[rows], weight, spec, rows)
@@ -162,15 +190,15 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
     """``(hidden [N, H], weight [V, H], bias [V] | None, tokens [N]) -> (logprobs [N], entropy [N])``."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, spec: _HeadSpec, with_entropy: bool, predict, row_length: int):
+    def forward(ctx, hidden, weight, bias, tokens, spec: _HeadSpec, with_entropy: bool, predict, layout: _Layout):
         logprobs = hidden.new_empty(hidden.shape[0], dtype=torch.float32)  # [N]
         log_normaliser = torch.empty_like(logprobs)  # [N] logsumexp
         entropy = torch.zeros_like(logprobs)  # [N]
         predicted = torch.zeros_like(logprobs) if predict is not None else None  # [N] d loss / d logprobs
         grads = _HeadGrads.zeros(hidden, weight, bias, ctx.needs_input_grad[:3]) if predict is not None else None
         buffer = hidden.new_empty(min(spec.chunk_size, hidden.shape[0]), weight.shape[0], dtype=torch.float32)
-        for begin in range(0, hidden.shape[0], spec.chunk_size):
-            rows = slice(begin, begin + spec.chunk_size)
+        for begin, end in spec.bounds:
+            rows = slice(begin, end)
             scores = _chunk_scores(hidden[rows], weight, bias, spec, buffer)  # [C, V]
             chosen = scores.gather(-1, tokens[rows, None]).squeeze(-1)  # [C]
             probs, log_normaliser[rows] = _normalise_in_place(scores)  # [C, V], [C]
@@ -178,8 +206,7 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
             if with_entropy:
                 entropy[rows] = torch.special.entr(probs).sum(-1)  # [C] sum of -p log p
             if predict is not None:  # whole responses: their gradient is known now
-                responses = slice(begin // row_length, (begin + scores.shape[0]) // row_length)
-                predicted[rows] = predict(logprobs[rows].view(-1, row_length), responses).reshape(-1)
+                predicted[rows] = layout.predict(predict, logprobs[rows], begin, end)
                 grads.add_chunk(probs, predicted[rows], tokens[rows], hidden[rows], weight, spec, rows)
         ctx.save_for_backward(hidden, weight, bias, tokens, log_normaliser, predicted)
         ctx.spec, ctx.grads = spec, grads
@@ -224,6 +251,28 @@ def chunk_tokens(chunk_size: int, row_length: int) -> int:
     return chunk_size
 
 
+def response_bounds(targets: Tensor, row_length: int, chunk_size: int) -> tuple[tuple[int, int], ...] | None:
+    """Chunks of whole responses of at most ``chunk_size`` tokens, for packed tokens at ``targets`` (their sorted
+    flat indices into [n, R]); None when a response alone has more (it cannot be one chunk). Like
+    :func:`chunk_tokens`, a function of the layout only."""
+    counts = torch.bincount(targets // row_length).tolist()  # [n] tokens per response (0 for trailing none)
+    if max(counts, default=0) > chunk_size:
+        return None
+    bounds, begin, end = [], 0, 0
+    for count in counts:
+        if end + count - begin > chunk_size:
+            bounds.append((begin, end))
+            begin = end
+        end += count
+    if end > begin:
+        bounds.append((begin, end))
+    return tuple(bounds)
+
+
+def _even_bounds(total: int, chunk_size: int) -> tuple[tuple[int, int], ...]:
+    return tuple((begin, min(begin + chunk_size, total)) for begin in range(0, total, chunk_size))
+
+
 def chunked_head_logprobs(
     hidden: Tensor,
     weight: Tensor,
@@ -233,22 +282,26 @@ def chunked_head_logprobs(
     bias: Tensor | None = None,
     with_entropy: bool = False,
     predict_upstream: UpstreamPredictor | None = None,
+    targets: Tensor | None = None,
+    response_length: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and optionally entropies) of ``tokens`` under ``softmax((hidden @ weight.T + bias) / T)``.
 
     Args:
         hidden: [..., H] final hidden states (after the model's last norm), one per predicted token; [n, R, H]
-            with ``predict_upstream``.
+            with ``predict_upstream``, or [M, H] with ``targets``.
         weight: [V, H] the LM head's weight.
         tokens: [...] the token each hidden state predicts.
         temperature: the sampling temperature the scores are for.
-        chunk_size: tokens whose [chunk_size, V] float32 scores exist at once; for hidden states [n, R, H]
-            rounded down to whole responses where one fits (see :func:`chunk_tokens`).
+        chunk_size: tokens whose [chunk_size, V] float32 scores exist at once; rounded down to whole responses
+            where one fits (see :func:`chunk_tokens` and :func:`response_bounds`).
         bias: [V] the head's bias, if it has one.
         with_entropy: also return the entropy of each token's distribution (no gradient).
         predict_upstream: d loss / d logprobs of whole responses from their log-probs (see the module
             docstring); backward then costs no matmul when the prediction holds. Ignored (the gradient is
             recomputed in backward) when a response is longer than ``chunk_size``.
+        targets: packed tokens only ([M] hidden states): each one's sorted flat index into the responses
+            [n, ``response_length``], so the predictor sees whole responses.
     Returns:
         logprobs: [...] float32, differentiable with respect to ``hidden``, ``weight`` and ``bias``.
         entropy: [...] float32, or None without ``with_entropy``.
@@ -257,23 +310,31 @@ def chunked_head_logprobs(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if predict_upstream is not None and hidden.dim() != 3:
-        raise ValueError(f"predict_upstream needs hidden states [n, R, H], got {tuple(hidden.shape)}")
-    row_length = tokens.shape[-1] if hidden.dim() == 3 else 1
-    chunk_size = chunk_tokens(chunk_size, row_length)
-    if predict_upstream is not None and chunk_size % row_length != 0:
-        # A response spans chunks: its gradient is only known after all of them, when their softmax is gone.
-        warnings.warn(
-            "responses are longer than model.logprob_chunk_size tokens: the LM head's gradient is recomputed in "
-            "backward for them (one more matmul; memory stays bounded by the chunk size)",
-            stacklevel=2,
-        )
+    if predict_upstream is not None and hidden.dim() != 3 and targets is None:
+        raise ValueError(f"predict_upstream needs hidden states [n, R, H] or targets, got {tuple(hidden.shape)}")
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # [N, H]
+    if targets is not None:
+        layout = _Layout(response_length, targets)
+        bounds = response_bounds(targets, response_length, chunk_size)
+    else:
+        layout = _Layout(tokens.shape[-1] if hidden.dim() == 3 else 1)
+        size = chunk_tokens(chunk_size, layout.row_length)
+        bounds = _even_bounds(flat_hidden.shape[0], size) if size % layout.row_length == 0 else None
+    if bounds is None:
+        if predict_upstream is not None:
+            # A response spans chunks: its gradient is only known after all of them, when their softmax is gone.
+            warnings.warn(
+                "responses are longer than model.logprob_chunk_size tokens: the LM head's gradient is recomputed "
+                "in backward for them (one more matmul; memory stays bounded by the chunk size)",
+                stacklevel=2,
+            )
         predict_upstream = None
+        bounds = _even_bounds(flat_hidden.shape[0], chunk_size)
     if not torch.is_grad_enabled() or not (hidden.requires_grad or weight.requires_grad):
         predict_upstream = None  # no backward will come: nothing to prepare for it
-    spec = _HeadSpec(temperature, chunk_size, _compute_dtype(hidden, weight))
-    flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # [N, H]
+    largest = max((end - begin for begin, end in bounds), default=1)
+    spec = _HeadSpec(temperature, largest, _compute_dtype(hidden, weight), bounds)
     logprobs, entropy = _ChunkedHeadLogprobs.apply(
-        flat_hidden, weight, bias, tokens.reshape(-1), spec, with_entropy, predict_upstream, row_length
+        flat_hidden, weight, bias, tokens.reshape(-1), spec, with_entropy, predict_upstream, layout
     )  # [N], [N]
     return logprobs.view(tokens.shape), entropy.view(tokens.shape) if with_entropy else None

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from gspo_lightning.chunked_logprobs import UpstreamPredictor, chunked_head_logprobs
+from gspo_lightning.packing import pack, response_predictors
 
 DEFAULT_CHUNK_SIZE = 1024
 """Response tokens per LM-head chunk: [1024, V] float32 scores exist at a time (622 MB at V = 151,936)."""
@@ -100,13 +101,17 @@ def response_logprobs(
     response_length: int,
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    packing: bool = False,
 ) -> Tensor:
     """Log-probs [n, R] (float32) of the last ``response_length`` tokens of ``input_ids`` under ``policy``.
 
     ``temperature`` is the sampling temperature: the log-probs are those of the distribution that was sampled.
-    Positions past EOS hold values the caller must mask. See :func:`response_scores` for ``chunk_size``.
+    Positions past EOS hold values the caller must mask. See :func:`response_scores` for ``chunk_size`` and
+    ``packing``.
     """
-    return response_scores(policy, input_ids, attention_mask, response_length, temperature, chunk_size).logprobs
+    return response_scores(
+        policy, input_ids, attention_mask, response_length, temperature, chunk_size, packing=packing
+    ).logprobs
 
 
 def response_scores(
@@ -118,6 +123,7 @@ def response_scores(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     with_entropy: bool = False,
     predict_upstream: UpstreamPredictor | None = None,
+    packing: bool = False,
 ) -> TokenScores:
     """Log-probs (and optionally entropies) of the last ``response_length`` tokens of ``input_ids``.
 
@@ -132,9 +138,15 @@ def response_scores(
         with_entropy: also return each position's entropy.
         predict_upstream: d loss / d logprobs of whole responses from their log-probs, so the chunked head
             prepares its gradients in forward (see :mod:`gspo_lightning.chunked_logprobs`).
+        packing: run the forward over the sequences packed end to end (:mod:`gspo_lightning.packing`) instead of
+            the padded rectangle, and the head over the attended response tokens only; padding positions then
+            hold 0.
     """
-    tokens = input_ids[:, -response_length:]  # [n, R]
     head = chunkable_head(policy) if chunk_size > 0 else None
+    if packing:
+        return _packed_scores(policy, input_ids, attention_mask, response_length, temperature, chunk_size, head,
+                              with_entropy, predict_upstream)  # fmt: skip
+    tokens = input_ids[:, -response_length:]  # [n, R]
     if head is None:
         logits = response_logits(policy, input_ids, attention_mask, response_length)  # [n, R, V]
         entropy = token_entropy(logits.detach(), temperature) if with_entropy else None
@@ -151,6 +163,72 @@ def response_scores(
     with replaced_forward(head, head_logprobs):
         output = _response_forward(policy, input_ids, attention_mask, response_length)
     return TokenScores(output.logits, entropies[-1])
+
+
+def _packed_scores(
+    policy: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_length: int,
+    temperature: float,
+    chunk_size: int,
+    head: nn.Linear | None,
+    with_entropy: bool,
+    predict_upstream: UpstreamPredictor | None,
+) -> TokenScores:
+    """:func:`response_scores` over packed rows: the same log-probs, scattered back to [n, R]."""
+    packed = pack(input_ids, attention_mask)
+    predictor, target = response_predictors(packed, attention_mask, response_length)  # [M], [M]
+    tokens = input_ids[:, -response_length:].reshape(-1)[target]  # [M]
+    entropies: list[Tensor | None] = [None]
+
+    def head_logprobs(hidden: Tensor) -> Tensor:  # [B, S, H] every packed position
+        chosen = hidden.reshape(-1, hidden.shape[-1])[predictor]  # [M, H]
+        logprobs, entropies[0] = chunked_head_logprobs(
+            chosen, head.weight, tokens, temperature, chunk_size, head.bias, with_entropy, predict_upstream,
+            targets=target, response_length=response_length,
+        )  # fmt: skip
+        return logprobs  # [M]
+
+    forward = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+    if head is None:
+        logits = policy(**forward).logits  # [B, S, V]
+        chosen = logits.reshape(-1, logits.shape[-1])[predictor]  # [M, V]
+        logprobs = token_logprobs(chosen, tokens, temperature)  # [M]
+        entropies[0] = token_entropy(chosen.detach(), temperature) if with_entropy else None
+    else:
+        with replaced_forward(head, head_logprobs):
+            logprobs = policy(**forward).logits  # [M]
+    shape = (input_ids.shape[0], response_length)
+    entropy = None if entropies[0] is None else _scattered(entropies[0], target, shape)
+    return TokenScores(_scattered(logprobs, target, shape), entropy)
+
+
+def _scattered(values: Tensor, target: Tensor, shape: tuple[int, int]) -> Tensor:
+    """``values`` [M] at the flat positions ``target`` of a zero [n, R] tensor (differentiable)."""
+    return values.new_zeros(shape[0] * shape[1]).index_copy(0, target, values).view(shape)  # [n, R]
+
+
+@torch.no_grad()
+def check_packing(policy: nn.Module) -> None:
+    """Stop with a clear error unless ``policy`` keeps packed sequences apart: a probe of two sequences, packed
+    into one row, must score the second as it does alone. A model whose attention ignores restarting position
+    ids would let it attend to the first, silently training on the wrong conditional."""
+    device = next(policy.parameters()).device
+    vocab = policy.get_input_embeddings().num_embeddings
+    ids = (torch.arange(24, device=device).view(2, 12) * 7919 + 3) % vocab  # [2, 12] two unrelated sequences
+    mask = torch.zeros_like(ids)
+    mask[0, 6:], mask[1, 7:] = 1, 1  # 6 and 5 tokens: one packed row of 11
+    padded = response_logprobs(policy, ids, mask, 4, chunk_size=0)  # [2, 4]
+    packed = response_scores(policy, ids, mask, 4, chunk_size=0, packing=True).logprobs  # [2, 4]
+    gap = float((packed - padded).abs().max())
+    tolerance = 1e-3 if next(policy.parameters()).dtype in (torch.float32, torch.float64) else 0.1
+    if not gap <= tolerance:
+        raise RuntimeError(
+            f"model.packing=true: {type(policy).__name__} does not keep packed sequences apart (log-probs differ "
+            f"from the padded forward's by {gap:.3g} > {tolerance}): its attention must honour restarting position "
+            "ids (Hugging Face's sdpa, eager or flash attention); set model.packing: false"
+        )
 
 
 def chunkable_head(policy: nn.Module) -> nn.Linear | None:

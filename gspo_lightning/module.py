@@ -20,7 +20,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, response_scores
+from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, check_packing, response_scores
 from gspo_lightning.metric_logging import StepMetrics, attached_trainer, log_across_ranks
 from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
@@ -76,6 +76,12 @@ class GSPOModule(pl.LightningModule):
             (less memory, about one more forward of compute), on every strategy (single device, DDP, FSDP1 through
             ``DecoderLayerFSDP``, FSDP2). The policy stays in eval mode (dropout off): a policy whose loader
             enabled Hugging Face's gradient checkpointing, which does nothing in eval mode, gets this instead.
+        packing: run pi_old's, the reference's and pi_theta's forwards over each minibatch's sequences packed end
+            to end (``gspo_lightning.packing``) instead of the padded [n, prompt + response] rectangle, and the LM
+            head over the response tokens only: the same log-probs and gradients (to float rounding) for less
+            compute where lengths differ. Needs a model whose attention honours restarting position ids
+            (Hugging Face's sdpa, eager and flash attention do; checked when the fit starts); not for
+            mixture-of-experts policies yet.
         rollout_correction: how training corrects for the sampling engine's distribution differing from the
             trainer's pi_old (``{mode: off | tis | mis | token_mask, threshold: C}``; see
             ``gspo_lightning.objectives.rollout_correction``). Needs ``sampler.old_logprobs: recompute``.
@@ -100,6 +106,7 @@ class GSPOModule(pl.LightningModule):
         logprob_chunk_size: int = DEFAULT_CHUNK_SIZE,
         activation_checkpointing: bool = False,
         rollout_correction: RolloutCorrection = RolloutCorrection(),
+        packing: bool = False,
     ) -> None:
         super().__init__()
         self.objective = _with_token_budget(_resolve(objective), max_new_tokens)
@@ -171,6 +178,11 @@ class GSPOModule(pl.LightningModule):
                 f"model.routing_replay=true needs a mixture-of-experts policy, but {type(self.policy).__name__} "
                 "has no top-k router; set routing_replay: false"
             )
+        if self.hparams.packing and find_routers(self.policy):
+            raise SettingError(
+                f"model.packing=true is not supported for mixture-of-experts policies yet ({type(self.policy).__name__} "
+                "has top-k routers, whose recorded experts are per padded position): set model.packing: false"
+            )
         # FSDP2 shards here; FSDP1 wraps afterwards; DDP and a single device replicate
         trainer = attached_trainer(self)
         strategy = trainer.strategy if trainer is not None else None
@@ -178,6 +190,8 @@ class GSPOModule(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         self.policy.eval()
+        if self.hparams.packing:
+            check_packing(self.policy)
         if self.reference_policy is not None:
             # In the policy's precision: the precision plugin converts this module (bf16-true: its weights to
             # bfloat16) but not the reference, which lives outside it; mixed precision leaves both in float32.
@@ -245,6 +259,11 @@ class GSPOModule(pl.LightningModule):
         """LM-head chunk size of every log-prob computation of this policy (the sampler's pi_old too)."""
         return self.hparams.logprob_chunk_size
 
+    @property
+    def packing(self) -> bool:
+        """Whether every log-prob pass of this policy runs over packed sequences (the sampler's pi_old too)."""
+        return self.hparams.packing
+
     def _response_scores(self, minibatch: Minibatch, terms: tuple[Any, ...]) -> TokenScores:
         length = minibatch.response_ids.shape[1]
         return response_scores(
@@ -256,6 +275,7 @@ class GSPOModule(pl.LightningModule):
             self.logprob_chunk_size,
             with_entropy=self.hparams.log_entropy,
             predict_upstream=objective_gradient(self.objective, *terms) if self._predictable else None,
+            packing=self.packing,
         )
 
     def _objective_terms(self, minibatch: Minibatch) -> tuple[tuple[Any, ...], dict[str, Tensor]]:

@@ -107,12 +107,12 @@ def test_training_step_without_sampler_says_what_is_missing():
         module.training_step(PromptBatch(["1+1="], {}), 0)
 
 
-def _off_policy_gradients(chunk_size: int, objective) -> tuple[dict, dict]:
+def _off_policy_gradients(chunk_size: int, objective, packing: bool = False) -> tuple[dict, dict]:
     """Parameter gradients and logged values of one training step whose pi_old differs from pi_theta."""
-    module = GSPOModule(TinyQwen3(**TINY), objective=objective, logprob_chunk_size=chunk_size)
+    module = GSPOModule(TinyQwen3(**TINY), objective=objective, logprob_chunk_size=chunk_size, packing=packing)
     batch, rollout = _fresh_rollout(module)
     rollout.advantages = torch.linspace(-1.0, 1.0, len(rollout.advantages))
-    minibatch = split_minibatches(rollout, 1, module.policy, reference=module.reference_policy)[0]
+    minibatch = split_minibatches(rollout, 1, module.policy, reference=module.reference_policy, packing=packing)[0]
     # pi_old away from pi_theta on every other response, the ratio growing with the advantage, so that some
     # responses and tokens clip and others do not
     old = minibatch.old_logprobs  # [n, R]
@@ -143,6 +143,17 @@ def test_chunked_training_step_has_the_materialised_gradients(monkeypatch, objec
         for name, grad in naive.items():
             torch.testing.assert_close(chunked[name], grad, atol=1e-6, rtol=1e-4, msg=name)
     assert recomputed == []  # the objective's gradient was predicted in forward every time
+
+
+@pytest.mark.parametrize("objective", ["gspo", "dapo", ObjectiveSpec("gspo", kl_coef=0.1, kl_estimator="k3")])
+def test_a_packed_training_step_has_the_padded_gradients(objective):
+    """pi_old's, the reference's and pi_theta's passes all packed: the same step as padded, to float32 rounding."""
+    padded, padded_logged = _off_policy_gradients(1024, objective)
+    packed, packed_logged = _off_policy_gradients(1024, objective, packing=True)
+    assert packed_logged["train/clip_frac"] == padded_logged["train/clip_frac"]
+    torch.testing.assert_close(packed_logged["train/loss"], padded_logged["train/loss"], atol=1e-6, rtol=0)
+    for name, grad in padded.items():
+        torch.testing.assert_close(packed[name], grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_logprob_chunk_size_is_validated():

@@ -34,6 +34,7 @@ class SamplerModule(Protocol):
         rollout_correction: the rollout-training mismatch correction (its ``mode`` is ``off`` when unused).
         needs_engine_logprobs: the module's loss uses the engine's log-probs of the sampled tokens.
         logprob_chunk_size: response tokens per chunk of the LM head (0: unchunked), for pi_old's pass too.
+        packing: pi_old's and the reference's passes run over packed sequences, as the module's own pass does.
         device: where the policy's inputs go.
     """
 
@@ -47,6 +48,7 @@ class SamplerModule(Protocol):
     rollout_correction: RolloutCorrection
     needs_engine_logprobs: bool
     logprob_chunk_size: int
+    packing: bool
     device: torch.device
 
 
@@ -84,6 +86,7 @@ def round_model(module: SamplerModule, engine_logprobs: bool, synced_gpus: bool)
         reference=module.reference_policy,
         kl_reward_penalty=module.kl_reward_penalty,
         chunk_size=module.logprob_chunk_size,
+        packing=module.packing,
         engine_logprobs=engine_logprobs or module.needs_engine_logprobs,
         synced_gpus=synced_gpus,
     )

@@ -63,6 +63,7 @@ class RoundModel:
     reference: nn.Module | None = None  # pi_ref, for a KL penalty
     kl_reward_penalty: KLRewardPenalty | None = None  # kl_in: reward
     chunk_size: int = DEFAULT_CHUNK_SIZE
+    packing: bool = False  # log-prob passes over packed sequences
     engine_logprobs: bool = False  # ask the engine for its log-probs of the sampled tokens
     synced_gpus: bool = False  # sharded parameters: every rank steps until all have finished
 
@@ -146,6 +147,7 @@ def train_round(
         model.temperature,
         reference=model.reference,
         chunk_size=model.chunk_size,
+        packing=model.packing,
         old_from_engine=settings.old_from_engine,
         mask_truncated=settings.mask_truncated,
     )

@@ -31,6 +31,7 @@ class ReinforceModule(pl.LightningModule):
         self.rollout_correction = RolloutCorrection()
         self.needs_engine_logprobs = False
         self.logprob_chunk_size = 0
+        self.packing = False
         self.seen: list[tuple[int, int, int]] = []
 
     def training_step(self, batch, batch_idx):
