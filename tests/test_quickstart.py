@@ -23,9 +23,9 @@ LEARNING_STEPS = 500
 MIN_GAIN = 0.06
 """Held-out accuracy the quick start gains in its first 500 steps, at least. Where the warm start lands depends on
 floating-point rounding, so the gain depends on the machine: +19.5 to +38.7 points on seeds 0-4 where the README's
-table was measured (``experiments/schedules/curves.csv``), +17.2 with one torch thread, +14.5 and +13.7 on seeds 0-1 on the
-machine of issue 26's session, +8.6 on a CI machine and +8.2 on the slow run reported in issue 23. A recipe that
-stops learning gains nothing here, within the evaluation's noise (256 problems: about 4 points)."""
+table was measured (``experiments/schedules/curves.csv``), +17.2 with one torch thread, +14.5 and +13.7 on seeds
+0 and 1 on the machine of issue 26's session, +8.6 on a CI machine and +8.2 on the slow run reported in issue 23.
+A recipe that stops learning gains nothing here, within the evaluation's noise (256 problems: about 4 points)."""
 MIN_REWARD_GAIN = 0.04
 """The training reward's mean over steps 400-499 minus its mean over steps 0-99, at least: +0.067 to +0.186 on the
 runs above that recorded it. Each mean is over 25 rounds of 128 samples, so its noise is about 0.01: this is the
