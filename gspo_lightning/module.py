@@ -180,8 +180,9 @@ class GSPOModule(pl.LightningModule):
             )
         if self.hparams.packing and find_routers(self.policy):
             raise SettingError(
-                f"model.packing=true is not supported for mixture-of-experts policies yet ({type(self.policy).__name__} "
-                "has top-k routers, whose recorded experts are per padded position): set model.packing: false"
+                "model.packing=true is not supported for mixture-of-experts policies yet "
+                f"({type(self.policy).__name__} has top-k routers, whose recorded experts are per padded position): "
+                "set model.packing: false"
             )
         # FSDP2 shards here; FSDP1 wraps afterwards; DDP and a single device replicate
         trainer = attached_trainer(self)

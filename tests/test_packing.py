@@ -33,7 +33,8 @@ def test_pack_by_hand():
     assert target.tolist() == [0, 1, 4]  # (0, 0), (0, 1) and (2, 0) of [3, 2]: the attended ones
     assert predictor.tolist() == [0, 1, 6]  # the token before each: 7 and 8 of sequence 0, 3 of sequence 2
     with pytest.raises(ValueError, match="not preceded by a real token"):
-        response_predictors(pack(ids, mask.index_fill(1, torch.tensor([1]), 0)), mask.index_fill(1, torch.tensor([1]), 0), 2)
+        no_prompt = mask.index_fill(1, torch.tensor([1]), 0)  # sequence 2 starts with its response
+        response_predictors(pack(ids, no_prompt), no_prompt, 2)
 
 
 def _uneven_batch(vocab: int, seed: int = 0):
@@ -53,7 +54,8 @@ def _scores(policy, ids, mask, r, packing, chunk_size, objective="gspo", predict
     policy.zero_grad(set_to_none=True)
     response_mask = mask[:, -r:].bool()
     generator = torch.Generator().manual_seed(1)
-    old = (-torch.rand(response_mask.shape, generator=generator, dtype=torch.float64) * 3).masked_fill(~response_mask, 0)
+    old = -torch.rand(response_mask.shape, generator=generator, dtype=torch.float64) * 3  # [n, R]
+    old = old.masked_fill(~response_mask, 0)
     advantages = torch.randn(len(ids), generator=generator, dtype=torch.float64)
     spec = ObjectiveSpec(objective)
     eps = OBJECTIVES[objective].clip_range
