@@ -128,7 +128,7 @@ def test_a_packed_cli_run_trains_as_the_padded_one(tmp_path):
     import subprocess
     import sys
 
-    from tests.test_cli import ROOT, tiny_run_config
+    from tests.test_cli import tiny_run_config
 
     figures = {}
     for packing in (False, True):
