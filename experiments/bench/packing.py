@@ -1,0 +1,148 @@
+"""Seconds and peak memory of one optimizer step's training passes, padded against packed, at Qwen3's vocabulary.
+
+    python experiments/bench/packing.py                 # about 10 minutes on 2 CPU cores
+    python experiments/bench/packing.py --device cuda --dtype bfloat16
+
+A random Qwen3-shaped policy (``Qwen3ForCausalLM``: vocabulary 151,936, hidden 256, 4 layers, 4 heads of 64, 2 KV
+heads, MLP 768, tied embeddings as in Qwen3-0.6B), one minibatch of n = 16 responses (P x G = 16 x 8 with K = 8
+minibatches per round): prompts of 24-64 tokens, responses from a long-tailed distribution between 16 and 1,024
+tokens (15 of 16 + a log-normal with median 80 and sigma 1.2, cut at 1,024; the 16th truncated at the 1,024-token
+budget, as RL batches hold: most are short, a few long), and the same at uniform lengths (every response 256
+tokens, prompts 48). A step's training passes are pi_old's forward (no gradient) and
+pi_theta's forward and backward of the GSPO loss, the chunked LM head predicting its gradient, as
+``training_step`` runs them. Each variant runs in a fresh subprocess; peak memory is the peak resident set size
+above the level before the passes (``VmHWM`` reset through ``/proc/self/clear_refs``), or on CUDA
+``max_memory_allocated`` above the allocated bytes before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).parent))
+
+from logprobs import MB, PeakMemory  # noqa: E402
+
+from gspo_lightning.logprobs import response_logprobs, response_scores  # noqa: E402
+from gspo_lightning.objectives import ObjectiveSpec, objective_gradient, objective_loss  # noqa: E402
+
+VOCAB, RESPONSES = 151_936, 16
+SHAPE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, head_dim=64, num_key_value_heads=2,
+             intermediate_size=768)  # fmt: skip
+VARIANTS = ("padded", "packed")
+
+
+def lengths(distribution: str, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Prompt and response lengths of the minibatch's 16 sequences."""
+    generator = torch.Generator().manual_seed(seed)
+    if distribution == "uniform":
+        return [48] * RESPONSES, [256] * RESPONSES
+    prompts = torch.randint(24, 65, (RESPONSES,), generator=generator).tolist()
+    tail = torch.empty(RESPONSES - 1).log_normal_(mean=float(torch.tensor(80.0).log()), std=1.2, generator=generator)
+    return prompts, [*(16 + tail).clamp(max=1024).long().tolist(), 1024]  # the last one truncated at the budget
+
+
+def batch(distribution: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Left-padded prompts and right-padded responses, as the sampler assembles a minibatch."""
+    prompts, responses = lengths(distribution)
+    width_p, width_r = max(prompts), max(responses)
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (RESPONSES, width_p + width_r), generator=generator)
+    mask = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        mask[i, width_p - p : width_p + r] = 1
+    return ids.masked_fill(mask == 0, 0).to(device), mask.to(device), width_r
+
+
+def policy(device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=VOCAB, tie_word_embeddings=True, max_position_embeddings=2048, **SHAPE)
+    return Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
+def training_passes(model, ids, mask, width, packing: bool) -> None:
+    """pi_old's pass, then pi_theta's forward and backward of the GSPO loss."""
+    response_mask = mask[:, -width:].bool()  # [n, R]
+    with torch.no_grad():
+        old = response_logprobs(model, ids, mask, width, packing=packing)  # [n, R]
+    advantages = torch.linspace(-1, 1, len(ids), device=ids.device)  # [n]
+    spec = ObjectiveSpec("gspo")
+    terms = (old - 1e-3 * response_mask, advantages, response_mask, 3e-4, 4e-4)
+    scores = response_scores(model, ids, mask, width, predict_upstream=objective_gradient(spec, *terms),
+                             packing=packing)  # fmt: skip
+    loss, _ = objective_loss(spec, scores.logprobs, *terms)
+    loss.backward()
+
+
+def measure(settings: dict) -> dict:
+    """One variant, in this process: a warm-up step, then the timed ones."""
+    device, dtype = torch.device(settings["device"]), getattr(torch, settings["dtype"])
+    model = policy(device, dtype)
+    ids, mask, width = batch(settings["distribution"], device)
+    packing = settings["variant"] == "packed"
+    training_passes(model, ids, mask, width, packing)  # warm-up (allocator, kernels)
+    model.zero_grad(set_to_none=True)
+    seconds = []
+    with PeakMemory(device) as peak:
+        for _ in range(settings["repeats"]):
+            started = time.perf_counter()
+            training_passes(model, ids, mask, width, packing)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - started)
+            model.zero_grad(set_to_none=True)
+    real = int(mask.sum())
+    return {**settings, "seconds": statistics.median(seconds), "peak_mb": peak.peak / MB, "real_tokens": real,
+            "padded_tokens": mask.numel()}  # fmt: skip
+
+
+def run_fresh(settings: dict) -> dict:
+    command = [sys.executable, __file__, "--measure", json.dumps(settings)]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(json.loads(args.measure))))
+        return
+    print(f"machine: {platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"device {args.device}, {args.dtype}; policy {SHAPE}, vocabulary {VOCAB}, n = {RESPONSES}\n")  # fmt: skip
+    for distribution in ("long_tailed", "uniform"):
+        prompts, responses = lengths(distribution)
+        print(f"## {distribution}: responses {sorted(responses)}, prompts {min(prompts)}-{max(prompts)}\n")
+        print("| variant | seconds per step | peak memory (MB) | tokens computed | speed-up |")
+        print("| --- | --- | --- | --- | --- |")
+        results = {}
+        for variant in VARIANTS:
+            settings = dict(device=args.device, dtype=args.dtype, distribution=distribution, variant=variant,
+                            repeats=args.repeats)  # fmt: skip
+            results[variant] = result = run_fresh(settings)
+            tokens = result["real_tokens"] if variant == "packed" else result["padded_tokens"]
+            speedup = results["padded"]["seconds"] / result["seconds"]
+            print(f"| {variant} | {result['seconds']:.2f} | {result['peak_mb']:.0f} | {tokens} | {speedup:.2f}x |",
+                  flush=True)  # fmt: skip
+        print()
+
+
+if __name__ == "__main__":
+    main()
