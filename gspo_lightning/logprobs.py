@@ -19,7 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from gspo_lightning.chunked_logprobs import UpstreamPredictor, chunked_head_logprobs
+from gspo_lightning.moe.routing import find_routers
 from gspo_lightning.packing import pack, response_predictors
+from gspo_lightning.validation import SettingError
 
 DEFAULT_CHUNK_SIZE = 1024
 """Response tokens per LM-head chunk: [1024, V] float32 scores exist at a time (622 MB at V = 151,936)."""
@@ -207,6 +209,16 @@ def _packed_scores(
 def _scattered(values: Tensor, target: Tensor, shape: tuple[int, int]) -> Tensor:
     """``values`` [M] at the flat positions ``target`` of a zero [n, R] tensor (differentiable)."""
     return values.new_zeros(shape[0] * shape[1]).index_copy(0, target, values).view(shape)  # [n, R]
+
+
+def refuse_packing_for_moe(policy: nn.Module) -> None:
+    """Packing is not built for mixture-of-experts policies yet: their recorded experts are per padded position."""
+    if find_routers(policy):
+        raise SettingError(
+            "model.packing=true is not supported for mixture-of-experts policies yet "
+            f"({type(policy).__name__} has top-k routers, whose recorded experts are per padded position): "
+            "set model.packing: false"
+        )
 
 
 @torch.no_grad()

@@ -20,7 +20,8 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, check_packing, response_scores
+from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, check_packing, refuse_packing_for_moe
+from gspo_lightning.logprobs import response_scores
 from gspo_lightning.metric_logging import StepMetrics, attached_trainer, log_across_ranks
 from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
@@ -178,12 +179,8 @@ class GSPOModule(pl.LightningModule):
                 f"model.routing_replay=true needs a mixture-of-experts policy, but {type(self.policy).__name__} "
                 "has no top-k router; set routing_replay: false"
             )
-        if self.hparams.packing and find_routers(self.policy):
-            raise SettingError(
-                "model.packing=true is not supported for mixture-of-experts policies yet "
-                f"({type(self.policy).__name__} has top-k routers, whose recorded experts are per padded position): "
-                "set model.packing: false"
-            )
+        if self.hparams.packing:
+            refuse_packing_for_moe(self.policy)
         # FSDP2 shards here; FSDP1 wraps afterwards; DDP and a single device replicate
         trainer = attached_trainer(self)
         strategy = trainer.strategy if trainer is not None else None
@@ -306,7 +303,6 @@ class GSPOModule(pl.LightningModule):
     def needs_engine_logprobs(self) -> bool:
         """Whether the sampler must record the engine's log-probs (a rollout correction is on)."""
         return self.rollout_correction.mode != "off"
-
 
     def _policy_scores(self, minibatch: Minibatch, terms: tuple[Any, ...]) -> tuple[TokenScores, Tensor | None]:
         """pi_theta's response log-probs, with pi_old's experts forced under Routing Replay; for MoE policies

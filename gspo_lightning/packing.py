@@ -37,11 +37,6 @@ class PackedRows:
     position_ids: Tensor
     packed_index: Tensor
 
-    @property
-    def num_tokens(self) -> int:
-        """B * S: the tokens one forward over the packed rows computes."""
-        return self.input_ids.numel()
-
 
 def row_assignment(lengths: list[int], capacity: int) -> list[list[int]]:
     """Sequences (by index) per row, first-fit decreasing: longest first, each into the first row with room.
@@ -81,13 +76,12 @@ def pack(input_ids: Tensor, attention_mask: Tensor, capacity: int | None = None,
     packed_index = torch.full(input_ids.shape, -1, dtype=torch.long, device=input_ids.device)  # [n, L]
     positions = torch.zeros(len(rows), width, dtype=torch.long, device=input_ids.device)  # [B, S]
     for r, row in enumerate(rows):
-        start = r * width
+        offset = 0  # within the row
         for i in row:
-            packed_index[i, mask[i]] = torch.arange(start, start + lengths[i], device=input_ids.device)
-            positions[r, start - r * width : start - r * width + lengths[i]] = torch.arange(lengths[i])
-            start += lengths[i]
-        tail = (r + 1) * width - start
-        positions[r, width - tail :] = torch.arange(tail)
+            packed_index[i, mask[i]] = torch.arange(offset, offset + lengths[i], device=input_ids.device) + r * width
+            positions[r, offset : offset + lengths[i]] = torch.arange(lengths[i])
+            offset += lengths[i]
+        positions[r, offset:] = torch.arange(width - offset)
     flat_ids = torch.full((len(rows) * width,), pad_token, dtype=input_ids.dtype, device=input_ids.device)
     flat_ids[packed_index[mask]] = input_ids[mask]
     return PackedRows(flat_ids.view(len(rows), width), positions, packed_index)
