@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-UpstreamPredictor = Callable[[Tensor, slice], Tensor]
-"""``(logprobs [k, R] of responses ``rows``, rows) -> d loss / d logprobs [k, R]`` for those responses."""
+UpstreamPredictor = Callable[[Tensor, slice | Tensor], Tensor]
+"""``(logprobs [k, R] of responses ``rows``, rows) -> d loss / d logprobs [k, R]`` for those responses (``rows``: a
+slice, or the responses' [k] indices)."""
 
 _PREDICTION_RTOL = 1e-5  # residual norm, relative to the arriving gradient's, under which the prediction is used as is
 
@@ -172,9 +173,10 @@ class _HeadGrads:
         return tuple(grads)
 
 
-def _recomputed_grads(ctx, upstream: Tensor) -> _HeadGrads:
-    """The head's input gradients for ``upstream`` [N], recomputing each chunk's softmax from the inputs."""
-    hidden, weight, bias, tokens, log_normaliser = ctx.saved_tensors[:5]
+def _recomputed_grads(ctx, saved: tuple[Tensor | None, ...], upstream: Tensor) -> _HeadGrads:
+    """The head's input gradients for ``upstream`` [N], recomputing each chunk's softmax from the inputs
+    (``saved``: ``ctx.saved_tensors``, unpacked once, as checkpointing requires)."""
+    hidden, weight, bias, tokens, log_normaliser = saved[:5]
     spec: _HeadSpec = ctx.spec
     grads = _HeadGrads.zeros(hidden, weight, bias, ctx.needs_input_grad[:3])
     buffer = hidden.new_empty(min(spec.chunk_size, hidden.shape[0]), weight.shape[0], dtype=torch.float32)
@@ -215,14 +217,15 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logprobs, _grad_entropy):
-        weight, bias, predicted = ctx.saved_tensors[1], ctx.saved_tensors[2], ctx.saved_tensors[5]
+        saved = ctx.saved_tensors  # once: a checkpointed forward's tensors can be unpacked only once
+        weight, bias, predicted = saved[1], saved[2], saved[5]
         grad_logprobs = grad_logprobs.float()  # [N]
         if predicted is None or ctx.grads is None:  # no prediction, or a second backward (retain_graph=True)
-            return (*_recomputed_grads(ctx, grad_logprobs).scaled(1.0, weight, bias), None, None, None, None, None)
+            return (*_recomputed_grads(ctx, saved, grad_logprobs).scaled(1.0, weight, bias), None, None, None, None, None)
         scale, residual = _fit_scale(predicted, grad_logprobs)
         grads = ctx.grads.scaled(scale, weight, bias)
         if residual is not None:  # the prediction was not the gradient: add the difference exactly
-            correction = _recomputed_grads(ctx, residual).scaled(1.0, weight, bias)
+            correction = _recomputed_grads(ctx, saved, residual).scaled(1.0, weight, bias)
             grads = tuple(None if g is None else g + c for g, c in zip(grads, correction, strict=True))
         ctx.grads = None
         return (*grads, None, None, None, None, None)

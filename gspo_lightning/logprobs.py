@@ -18,10 +18,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from torch.utils.checkpoint import checkpoint
+
 from gspo_lightning.chunked_logprobs import UpstreamPredictor, chunked_head_logprobs
-from gspo_lightning.moe.routing import find_routers
-from gspo_lightning.packing import pack, response_predictors
-from gspo_lightning.validation import SettingError
+from gspo_lightning.micro_batches import BatchLayout, plan_micro_batches
+from gspo_lightning.moe.routing import announce_places, routes_active
+from gspo_lightning.packing import PackedRows, pack, response_predictors
 
 DEFAULT_CHUNK_SIZE = 1024
 """Response tokens per LM-head chunk: [1024, V] float32 scores exist at a time (622 MB at V = 151,936)."""
@@ -103,16 +105,16 @@ def response_logprobs(
     response_length: int,
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
-    packing: bool = False,
+    layout: BatchLayout = BatchLayout(),
 ) -> Tensor:
     """Log-probs [n, R] (float32) of the last ``response_length`` tokens of ``input_ids`` under ``policy``.
 
     ``temperature`` is the sampling temperature: the log-probs are those of the distribution that was sampled.
     Positions past EOS hold values the caller must mask. See :func:`response_scores` for ``chunk_size`` and
-    ``packing``.
+    ``layout``.
     """
     return response_scores(
-        policy, input_ids, attention_mask, response_length, temperature, chunk_size, packing=packing
+        policy, input_ids, attention_mask, response_length, temperature, chunk_size, layout=layout
     ).logprobs
 
 
@@ -125,7 +127,7 @@ def response_scores(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     with_entropy: bool = False,
     predict_upstream: UpstreamPredictor | None = None,
-    packing: bool = False,
+    layout: BatchLayout = BatchLayout(),
 ) -> TokenScores:
     """Log-probs (and optionally entropies) of the last ``response_length`` tokens of ``input_ids``.
 
@@ -140,15 +142,38 @@ def response_scores(
         with_entropy: also return each position's entropy.
         predict_upstream: d loss / d logprobs of whole responses from their log-probs, so the chunked head
             prepares its gradients in forward (see :mod:`gspo_lightning.chunked_logprobs`).
-        packing: run the forward over the sequences packed end to end (:mod:`gspo_lightning.packing`) instead of
-            the padded rectangle, and the head over the attended response tokens only; padding positions then
-            hold 0.
+        layout: ``packing``: run the forward over the sequences packed end to end (:mod:`gspo_lightning.packing`)
+            instead of the padded rectangle, and the head over the attended response tokens only (padding
+            positions then hold 0); ``micro_batch_tokens``: a few sequences at a time
+            (:mod:`gspo_lightning.micro_batches`).
     """
+    if layout.micro_batch_tokens is not None:
+        return _micro_batched_scores(policy, input_ids, attention_mask, response_length, temperature, chunk_size,
+                                     with_entropy, predict_upstream, layout)  # fmt: skip
+    return _scores(policy, input_ids, attention_mask, response_length, temperature, chunk_size, with_entropy,
+                   predict_upstream, layout.packing)  # fmt: skip
+
+
+def _scores(
+    policy: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_length: int,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+    predict_upstream: UpstreamPredictor | None,
+    packing: bool,
+    rows: Tensor | None = None,
+) -> TokenScores:
+    """:func:`response_scores` in one forward; ``rows``: which of the minibatch's rows these are (a micro-batch),
+    so that a mixture-of-experts policy's recorded experts land in their places."""
     head = chunkable_head(policy) if chunk_size > 0 else None
     if packing:
         return _packed_scores(policy, input_ids, attention_mask, response_length, temperature, chunk_size, head,
-                              with_entropy, predict_upstream)  # fmt: skip
+                              with_entropy, predict_upstream, rows)  # fmt: skip
     tokens = input_ids[:, -response_length:]  # [n, R]
+    _announce_places(attention_mask, rows)
     if head is None:
         logits = response_logits(policy, input_ids, attention_mask, response_length)  # [n, R, V]
         entropy = token_entropy(logits.detach(), temperature) if with_entropy else None
@@ -177,9 +202,11 @@ def _packed_scores(
     head: nn.Linear | None,
     with_entropy: bool,
     predict_upstream: UpstreamPredictor | None,
+    rows: Tensor | None,
 ) -> TokenScores:
     """:func:`response_scores` over packed rows: the same log-probs, scattered back to [n, R]."""
     packed = pack(input_ids, attention_mask)
+    _announce_places(attention_mask, rows, packed)
     predictor, target = response_predictors(packed, attention_mask, response_length)  # [M], [M]
     tokens = input_ids[:, -response_length:].reshape(-1)[target]  # [M]
     entropies: list[Tensor | None] = [None]
@@ -206,19 +233,83 @@ def _packed_scores(
     return TokenScores(_scattered(logprobs, target, shape), entropy)
 
 
+def _micro_batched_scores(
+    policy: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_length: int,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+    predict_upstream: UpstreamPredictor | None,
+    layout: BatchLayout,
+) -> TokenScores:
+    """:func:`response_scores` of the micro-batches ``plan_micro_batches`` cuts, put back together in [n, R].
+
+    Under gradient every micro-batch but the last is checkpointed, so backward recomputes one micro-batch's
+    forward at a time. Its LM head then recomputes its gradient too: a predicted one would be kept for every
+    micro-batch until backward (one [V, H] float32 each); the last micro-batch keeps the prediction.
+    """
+    groups = plan_micro_batches(layout.costs(attention_mask), layout.micro_batch_tokens)
+    logprobs, entropies = [], []
+    for k, group in enumerate(groups):
+        index = torch.tensor(group, device=input_ids.device)  # [n_k]
+        last = k == len(groups) - 1
+        predictor = None
+        if last and predict_upstream is not None:
+            predictor = _rows_of(predict_upstream, index)
+
+        def scores(ids: Tensor, mask: Tensor, index=index, predictor=predictor) -> tuple[Tensor, Tensor | None]:
+            part = _scores(policy, ids, mask, response_length, temperature, chunk_size, with_entropy, predictor,
+                           layout.packing, index)  # fmt: skip
+            return part.logprobs, part.entropy  # [n_k, R] each
+
+        if torch.is_grad_enabled() and not last:
+            part = checkpoint(scores, input_ids[index], attention_mask[index], use_reentrant=False)
+        else:
+            part = scores(input_ids[index], attention_mask[index])
+        logprobs.append(part[0])
+        entropies.append(part[1])
+    order = torch.tensor([i for group in groups for i in group], device=input_ids.device)  # [n]
+    shape = (input_ids.shape[0], response_length)
+    entropy = None if entropies[0] is None else _in_rows(torch.cat(entropies), order, shape)
+    return TokenScores(_in_rows(torch.cat(logprobs), order, shape), entropy)
+
+
+def _announce_places(attention_mask: Tensor, rows: Tensor | None, packed: PackedRows | None = None) -> None:
+    """Where the next forward's tokens sit in the minibatch, for a mixture-of-experts policy's open route capture
+    or replay (:mod:`gspo_lightning.moe.routing`): the [n, L] rows ``rows`` (all when None), packed or not."""
+    if not routes_active():
+        return
+    if rows is None and packed is None:
+        announce_places(None)
+        return
+    n, length = attention_mask.shape
+    device = attention_mask.device
+    rows = torch.arange(n, device=device) if rows is None else rows
+    flat = rows[:, None] * length + torch.arange(length, device=device)  # [n, L] places in the minibatch
+    if packed is None:
+        announce_places(flat.reshape(-1))
+        return
+    places = torch.full((packed.input_ids.numel(),), -1, dtype=torch.long, device=device)  # [B * S]
+    real = packed.packed_index >= 0  # [n, L]
+    places[packed.packed_index[real]] = flat[real]
+    announce_places(places)
+
+
+def _rows_of(predict: UpstreamPredictor, index: Tensor) -> UpstreamPredictor:
+    """``predict`` for a micro-batch: its responses ``rows`` are the minibatch's responses ``index[rows]``."""
+    return lambda logprobs, rows: predict(logprobs, index[rows])
+
+
+def _in_rows(values: Tensor, order: Tensor, shape: tuple[int, int]) -> Tensor:
+    """Rows ``values`` [n, R] of responses ``order`` back in minibatch order (differentiable)."""
+    return values.new_zeros(shape).index_copy(0, order, values)  # [n, R]
+
+
 def _scattered(values: Tensor, target: Tensor, shape: tuple[int, int]) -> Tensor:
     """``values`` [M] at the flat positions ``target`` of a zero [n, R] tensor (differentiable)."""
     return values.new_zeros(shape[0] * shape[1]).index_copy(0, target, values).view(shape)  # [n, R]
-
-
-def refuse_packing_for_moe(policy: nn.Module) -> None:
-    """Packing is not built for mixture-of-experts policies yet: their recorded experts are per padded position."""
-    if find_routers(policy):
-        raise SettingError(
-            "model.packing=true is not supported for mixture-of-experts policies yet "
-            f"({type(policy).__name__} has top-k routers, whose recorded experts are per padded position): "
-            "set model.packing: false"
-        )
 
 
 @torch.no_grad()
@@ -232,7 +323,7 @@ def check_packing(policy: nn.Module) -> None:
     mask = torch.zeros_like(ids)
     mask[0, 6:], mask[1, 7:] = 1, 1  # 6 and 5 tokens: one packed row of 11
     padded = response_logprobs(policy, ids, mask, 4, chunk_size=0)  # [2, 4]
-    packed = response_scores(policy, ids, mask, 4, chunk_size=0, packing=True).logprobs  # [2, 4]
+    packed = response_scores(policy, ids, mask, 4, chunk_size=0, layout=BatchLayout(packing=True)).logprobs  # [2, 4]
     gap = float((packed - padded).abs().max())
     tolerance = 1e-3 if next(policy.parameters()).dtype in (torch.float32, torch.float64) else 0.1
     if not gap <= tolerance:

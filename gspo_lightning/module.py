@@ -20,8 +20,9 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, check_packing, refuse_packing_for_moe
+from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, TokenScores, check_packing
 from gspo_lightning.logprobs import response_scores
+from gspo_lightning.micro_batches import BatchLayout
 from gspo_lightning.metric_logging import StepMetrics, attached_trainer, log_across_ranks
 from gspo_lightning.models import PolicyLoader
 from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
@@ -38,7 +39,7 @@ from gspo_lightning.objectives import (
 from gspo_lightning.resume import apply_configured_settings, check_fixed_settings, optimizer_settings
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
 from gspo_lightning.step_metrics import log_expert_change, log_mismatch, log_step_metrics
-from gspo_lightning.strategies import is_fsdp1, shard_for_strategy
+from gspo_lightning.strategies import is_fsdp1, refuse_micro_batches_sharded, shard_for_strategy
 from gspo_lightning.validation import SettingError, check_optimizer_settings, require
 
 # The policy stays in eval mode on purpose (see configure_model); Lightning's notice about it is noise here.
@@ -81,8 +82,13 @@ class GSPOModule(pl.LightningModule):
             to end (``gspo_lightning.packing``) instead of the padded [n, prompt + response] rectangle, and the LM
             head over the response tokens only: the same log-probs and gradients (to float rounding) for less
             compute where lengths differ. Needs a model whose attention honours restarting position ids
-            (Hugging Face's sdpa, eager and flash attention do; checked when the fit starts); not for
-            mixture-of-experts policies yet.
+            (Hugging Face's sdpa, eager and flash attention do; checked when the fit starts). Mixture-of-experts
+            policies record and replay their experts per sequence token, whatever the layout.
+        micro_batch_tokens: at most this many tokens per forward (real tokens with packing, rows x the padded
+            width without): each minibatch's passes run micro-batch by micro-batch, balanced by tokens, so memory
+            follows this budget, not the longest response. The loss is still the whole minibatch's (the same
+            update); pi_theta's forward is recomputed in backward for all micro-batches but the last (about one
+            more forward). None (default): one forward per minibatch. Not with FSDP yet.
         rollout_correction: how training corrects for the sampling engine's distribution differing from the
             trainer's pi_old (``{mode: off | tis | mis | token_mask, threshold: C}``; see
             ``gspo_lightning.objectives.rollout_correction``). Needs ``sampler.old_logprobs: recompute``.
@@ -108,6 +114,7 @@ class GSPOModule(pl.LightningModule):
         activation_checkpointing: bool = False,
         rollout_correction: RolloutCorrection = RolloutCorrection(),
         packing: bool = False,
+        micro_batch_tokens: int | None = None,
     ) -> None:
         super().__init__()
         self.objective = _with_token_budget(_resolve(objective), max_new_tokens)
@@ -126,6 +133,11 @@ class GSPOModule(pl.LightningModule):
         require(max_new_tokens >= 1, f"model.max_new_tokens must be >= 1, got {max_new_tokens}")
         require(
             logprob_chunk_size >= 0, f"model.logprob_chunk_size must be >= 0 (0: no chunking), got {logprob_chunk_size}"
+        )
+        require(
+            micro_batch_tokens is None or micro_batch_tokens > max_new_tokens,
+            f"model.micro_batch_tokens must be null or > model.max_new_tokens ({max_new_tokens}): a sequence is a "
+            f"prompt and up to max_new_tokens response tokens, never split; got {micro_batch_tokens}",
         )
         check_optimizer_settings(optimizer, lr_scheduler)  # now, not after the policy has loaded
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])  # functions; the CLI's config has them
@@ -179,11 +191,10 @@ class GSPOModule(pl.LightningModule):
                 f"model.routing_replay=true needs a mixture-of-experts policy, but {type(self.policy).__name__} "
                 "has no top-k router; set routing_replay: false"
             )
-        if self.hparams.packing:
-            refuse_packing_for_moe(self.policy)
         # FSDP2 shards here; FSDP1 wraps afterwards; DDP and a single device replicate
         trainer = attached_trainer(self)
         strategy = trainer.strategy if trainer is not None else None
+        refuse_micro_batches_sharded(self.hparams.micro_batch_tokens, strategy)
         shard_for_strategy(self.policy, strategy, self.device_mesh, checkpointing)
 
     def on_fit_start(self) -> None:
@@ -258,9 +269,10 @@ class GSPOModule(pl.LightningModule):
         return self.hparams.logprob_chunk_size
 
     @property
-    def packing(self) -> bool:
-        """Whether every log-prob pass of this policy runs over packed sequences (the sampler's pi_old too)."""
-        return self.hparams.packing
+    def batch_layout(self) -> BatchLayout:
+        """How every log-prob pass of this policy (the sampler's pi_old too) lays out a minibatch: packed or not,
+        by token budget or whole."""
+        return BatchLayout(self.hparams.packing, self.hparams.micro_batch_tokens)
 
     def _response_scores(self, minibatch: Minibatch, terms: tuple[Any, ...]) -> TokenScores:
         length = minibatch.response_ids.shape[1]
@@ -273,7 +285,7 @@ class GSPOModule(pl.LightningModule):
             self.logprob_chunk_size,
             with_entropy=self.hparams.log_entropy,
             predict_upstream=objective_gradient(self.objective, *terms) if self._predictable else None,
-            packing=self.packing,
+            layout=self.batch_layout,
         )
 
     def _objective_terms(self, minibatch: Minibatch) -> tuple[tuple[Any, ...], dict[str, Tensor]]:
@@ -320,7 +332,7 @@ class GSPOModule(pl.LightningModule):
         else:
             routes = self._replay.enter_context(capture_routes(self.policy, tuple(minibatch.input_ids.shape)))
         scores = self._response_scores(minibatch, terms)
-        current = routes.stacked(layers=minibatch.old_routes.shape[1])  # [n, layers, L, k]
+        current = routes.stacked()  # [n, layers, L, k]
         if not self.hparams.routing_replay:
             self._replay.close()
         return scores, expert_change_fraction(minibatch.old_routes, current, minibatch.attention_mask)

@@ -29,6 +29,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+from gspo_lightning.validation import SettingError
+
 _DEFAULT_TIMEOUT = timedelta(minutes=30)
 
 
@@ -220,6 +222,17 @@ def fsdp1_root(trainer: pl.Trainer) -> nn.Module | None:
     None under every other strategy."""
     model = getattr(trainer.strategy, "model", None)
     return model if isinstance(model, FSDP) else None
+
+
+def refuse_micro_batches_sharded(micro_batch_tokens: int | None, strategy: Any) -> None:
+    """Token-budget micro-batches are not built for FSDP yet: every rank would have to run the same number of
+    sharded forwards (each gathers parameters), and backward recomputes them outside FSDP's own order."""
+    if micro_batch_tokens is not None and isinstance(strategy, FSDPStrategy | ModelParallelStrategy):
+        raise SettingError(
+            f"model.micro_batch_tokens={micro_batch_tokens} is not supported under {type(strategy).__name__} yet: "
+            "use it on one device or with DDP, or bound memory with model.activation_checkpointing: true; "
+            "set model.micro_batch_tokens: null"
+        )
 
 
 def is_fsdp1(strategy: Any) -> bool:

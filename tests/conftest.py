@@ -29,6 +29,14 @@ def policy(tiny_loader, tokenizer):
     return tiny_loader.load_model(tokenizer)
 
 
+@pytest.fixture(scope="module")
+def float64_policy():
+    """A tiny Qwen3 in float64 (sdpa attention), for exactness tests of layouts and heads."""
+    loader = TinyQwen3(**TINY)
+    torch.manual_seed(0)
+    return loader.load_model(loader.load_tokenizer()).double()
+
+
 @pytest.fixture(scope="session")
 def tiny_pretrained_dir(tmp_path_factory) -> Path:
     """A tiny Qwen3 and a character tokenizer with a chat template, saved with ``save_pretrained``: a stand-in

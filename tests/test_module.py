@@ -107,12 +107,14 @@ def test_training_step_without_sampler_says_what_is_missing():
         module.training_step(PromptBatch(["1+1="], {}), 0)
 
 
-def _off_policy_gradients(chunk_size: int, objective, packing: bool = False) -> tuple[dict, dict]:
+def _off_policy_gradients(chunk_size: int, objective, **layout) -> tuple[dict, dict]:
     """Parameter gradients and logged values of one training step whose pi_old differs from pi_theta."""
-    module = GSPOModule(TinyQwen3(**TINY), objective=objective, logprob_chunk_size=chunk_size, packing=packing)
+    module = GSPOModule(TinyQwen3(**TINY), objective=objective, logprob_chunk_size=chunk_size, **layout)
     batch, rollout = _fresh_rollout(module)
     rollout.advantages = torch.linspace(-1.0, 1.0, len(rollout.advantages))
-    minibatch = split_minibatches(rollout, 1, module.policy, reference=module.reference_policy, packing=packing)[0]
+    minibatch = split_minibatches(
+        rollout, 1, module.policy, reference=module.reference_policy, layout=module.batch_layout
+    )[0]
     # pi_old away from pi_theta on every other response, the ratio growing with the advantage, so that some
     # responses and tokens clip and others do not
     old = minibatch.old_logprobs  # [n, R]
@@ -154,6 +156,24 @@ def test_a_packed_training_step_has_the_padded_gradients(objective):
     torch.testing.assert_close(packed_logged["train/loss"], padded_logged["train/loss"], atol=1e-6, rtol=0)
     for name, grad in padded.items():
         torch.testing.assert_close(packed[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("packing", [False, True])
+@pytest.mark.parametrize("objective", ["gspo", "dapo", ObjectiveSpec("gspo", kl_coef=0.1, kl_estimator="k3")])
+def test_a_micro_batched_training_step_has_the_single_batch_update(objective, packing):
+    """A token budget of a few sequences: pi_old's, the reference's and pi_theta's passes cut into micro-batches,
+    the normalisers still the minibatch's, so the step's loss and gradients are the single-batch step's."""
+    whole, whole_logged = _off_policy_gradients(1024, objective, packing=packing, max_new_tokens=4)
+    cut, cut_logged = _off_policy_gradients(1024, objective, packing=packing, max_new_tokens=4, micro_batch_tokens=20)
+    assert cut_logged["train/clip_frac"] == whole_logged["train/clip_frac"]
+    torch.testing.assert_close(cut_logged["train/loss"], whole_logged["train/loss"], atol=1e-6, rtol=0)
+    for name, grad in whole.items():
+        torch.testing.assert_close(cut[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_micro_batch_tokens_is_validated():
+    with pytest.raises(ValueError, match=r"model.micro_batch_tokens must be null or > model.max_new_tokens \(256\)"):
+        GSPOModule(TinyQwen3(**TINY), micro_batch_tokens=256)
 
 
 def test_logprob_chunk_size_is_validated():

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from gspo_lightning.logprobs import response_scores
-from gspo_lightning.models import TinyQwen3
+from gspo_lightning.micro_batches import BatchLayout
 from gspo_lightning.objectives import OBJECTIVES, ObjectiveSpec, objective_gradient, objective_loss
 from gspo_lightning.packing import pack, response_predictors, row_assignment, unpack
-from tests.conftest import TINY
 
 
 def test_rows_are_filled_first_fit_longest_first():
@@ -37,6 +36,9 @@ def test_pack_by_hand():
         response_predictors(pack(ids, no_prompt), no_prompt, 2)
 
 
+PADDED, PACKED = BatchLayout(), BatchLayout(packing=True)
+
+
 def _uneven_batch(vocab: int, seed: int = 0):
     """Left-padded prompts of 1-6 tokens, right-padded responses of 1-9 (one of them empty but for EOS)."""
     generator = torch.Generator().manual_seed(seed)
@@ -50,7 +52,7 @@ def _uneven_batch(vocab: int, seed: int = 0):
     return ids, mask, r
 
 
-def _scores(policy, ids, mask, r, packing, chunk_size, objective="gspo", predict=True):
+def _scores(policy, ids, mask, r, layout, chunk_size, objective="gspo", predict=True):
     policy.zero_grad(set_to_none=True)
     response_mask = mask[:, -r:].bool()
     generator = torch.Generator().manual_seed(1)
@@ -62,25 +64,18 @@ def _scores(policy, ids, mask, r, packing, chunk_size, objective="gspo", predict
     terms = (old, advantages, response_mask, *eps)
     predictor = objective_gradient(spec, *terms) if predict and chunk_size else None
     scores = response_scores(policy, ids, mask, r, 0.7, chunk_size, with_entropy=True, predict_upstream=predictor,
-                             packing=packing)  # fmt: skip
+                             layout=layout)  # fmt: skip
     loss, _ = objective_loss(spec, scores.logprobs, *terms)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in policy.named_parameters() if p.grad is not None}
     return scores, loss.detach(), grads
 
 
-@pytest.fixture(scope="module")
-def float64_policy():
-    loader = TinyQwen3(**TINY)
-    torch.manual_seed(0)
-    return loader.load_model(loader.load_tokenizer()).double()
-
-
 @pytest.mark.parametrize("chunk_size", [0, 4, 1024])
 def test_packed_scores_and_gradients_equal_the_padded_ones_in_float64(float64_policy, chunk_size):
     ids, mask, r = _uneven_batch(float64_policy.config.vocab_size)
-    padded, padded_loss, padded_grads = _scores(float64_policy, ids, mask, r, False, chunk_size)
-    packed, packed_loss, packed_grads = _scores(float64_policy, ids, mask, r, True, chunk_size)
+    padded, padded_loss, padded_grads = _scores(float64_policy, ids, mask, r, PADDED, chunk_size)
+    packed, packed_loss, packed_grads = _scores(float64_policy, ids, mask, r, PACKED, chunk_size)
     response_mask = mask[:, -r:].bool()
     torch.testing.assert_close(packed.logprobs[response_mask], padded.logprobs[response_mask], atol=1e-10, rtol=0)
     torch.testing.assert_close(packed.entropy[response_mask], padded.entropy[response_mask], atol=1e-10, rtol=0)
@@ -98,11 +93,11 @@ def test_every_objective_packed_equals_padded_in_float64(float64_policy, name, m
     from gspo_lightning import chunked_logprobs
 
     ids, mask, r = _uneven_batch(float64_policy.config.vocab_size, seed=2)
-    _, padded_loss, padded_grads = _scores(float64_policy, ids, mask, r, False, 1024, name)
+    _, padded_loss, padded_grads = _scores(float64_policy, ids, mask, r, PADDED, 1024, name)
     recomputed = []
     real = chunked_logprobs._recomputed_grads
     monkeypatch.setattr(chunked_logprobs, "_recomputed_grads", lambda *a: recomputed.append(1) or real(*a))
-    _, packed_loss, packed_grads = _scores(float64_policy, ids, mask, r, True, 1024, name)
+    _, packed_loss, packed_grads = _scores(float64_policy, ids, mask, r, PACKED, 1024, name)
     torch.testing.assert_close(packed_loss, padded_loss, atol=1e-6, rtol=0)
     for parameter, grad in padded_grads.items():
         torch.testing.assert_close(packed_grads[parameter], grad, atol=1e-6, rtol=0, msg=parameter)
@@ -123,34 +118,26 @@ def test_a_model_that_ignores_the_restarting_positions_is_refused(float64_policy
 
 @pytest.mark.slow
 def test_a_packed_cli_run_trains_as_the_padded_one(tmp_path):
-    """Through the CLI, every pass packed: the per-step figures follow the padded run's to float rounding."""
+    """Through the CLI, every pass packed (and then also cut into micro-batches of 40 tokens): the per-step
+    figures follow the padded run's to float rounding."""
     import csv
     import subprocess
     import sys
 
     from tests.test_cli import tiny_run_config
 
+    variants = {"padded": [], "packed": ["--model.init_args.packing=true"]}
+    variants["micro-batched"] = [*variants["packed"], "--model.init_args.micro_batch_tokens=40"]
     figures = {}
-    for packing in (False, True):
-        directory = tmp_path / str(packing)
+    for variant, options in variants.items():
+        directory = tmp_path / variant
         directory.mkdir()
-        config = tiny_run_config(directory, 8, 8)
-        command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", str(config),
-                   f"--model.init_args.packing={str(packing).lower()}"]  # fmt: skip
+        command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", str(tiny_run_config(directory, 8, 8)), *options]
         result = subprocess.run(command, capture_output=True, text=True, cwd=directory)
         assert result.returncode == 0, result.stderr[-3000:]
         rows = csv.DictReader((directory / "runs/tiny/version_0/metrics.csv").open())
-        figures[packing] = [(float(r["train/loss"]), float(r["rollout/reward_mean"])) for r in rows if r["train/loss"]]
-    assert len(figures[True]) == 8
-    for (loss, reward), (padded_loss, padded_reward) in zip(figures[True], figures[False], strict=True):
-        assert reward == padded_reward and abs(loss - padded_loss) < 1e-5
-
-
-def test_packing_is_refused_for_mixture_of_experts_policies(tmp_path):
-    from gspo_lightning import GSPOModule
-    from gspo_lightning.models import TinyQwen3Moe
-    from gspo_lightning.validation import SettingError
-
-    module = GSPOModule(TinyQwen3Moe(), packing=True)
-    with pytest.raises(SettingError, match="model.packing=true is not supported for mixture-of-experts"):
-        module.configure_model()
+        figures[variant] = [(float(r["train/loss"]), float(r["rollout/reward_mean"])) for r in rows if r["train/loss"]]
+    for variant in ("packed", "micro-batched"):
+        assert len(figures[variant]) == 8
+        for (loss, reward), (padded_loss, padded_reward) in zip(figures[variant], figures["padded"], strict=True):
+            assert reward == padded_reward and abs(loss - padded_loss) < 1e-5, variant

@@ -1,6 +1,7 @@
-"""Seconds and peak memory of one optimizer step's training passes, padded against packed, at Qwen3's vocabulary.
+"""Seconds and peak memory of one optimizer step's training passes, padded against packed against packed with a
+token budget, at Qwen3's vocabulary; and the whole step with sampling on both engines.
 
-    python experiments/bench/packing.py                 # about 10 minutes on 2 CPU cores
+    python experiments/bench/packing.py > experiments/bench/packing_output.txt   # about 15 minutes on 2 CPU cores
     python experiments/bench/packing.py --device cuda --dtype bfloat16
 
 A random Qwen3-shaped policy (``Qwen3ForCausalLM``: vocabulary 151,936, hidden 256, 4 layers, 4 heads of 64, 2 KV
@@ -13,6 +14,13 @@ pi_theta's forward and backward of the GSPO loss, the chunked LM head predicting
 ``training_step`` runs them. Each variant runs in a fresh subprocess; peak memory is the peak resident set size
 above the level before the passes (``VmHWM`` reset through ``/proc/self/clear_refs``), or on CUDA
 ``max_memory_allocated`` above the allocated bytes before.
+
+Variants: ``padded`` (the [n, prompt + response] rectangle), ``packed`` (``model.packing``), ``budget`` (packed
+with ``model.micro_batch_tokens`` = 1,280: every pass micro-batch by micro-batch), and ``one budget``: the packed
+passes of the budget's heaviest micro-batch alone, what one budget's worth of tokens needs, against which the
+budget's peak is compared. The whole step adds the sampling of the minibatch's 16 responses at the same lengths:
+Hugging Face ``generate`` (which decodes until the longest response is done) and vLLM (each request stopping at
+its own length, ``ignore_eos``); packing changes only the training passes.
 """
 
 from __future__ import annotations
@@ -35,12 +43,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from logprobs import MB, PeakMemory  # noqa: E402
 
 from gspo_lightning.logprobs import response_logprobs, response_scores  # noqa: E402
+from gspo_lightning.micro_batches import BatchLayout, plan_micro_batches  # noqa: E402
 from gspo_lightning.objectives import ObjectiveSpec, objective_gradient, objective_loss  # noqa: E402
 
 VOCAB, RESPONSES = 151_936, 16
 SHAPE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, head_dim=64, num_key_value_heads=2,
              intermediate_size=768)  # fmt: skip
-VARIANTS = ("padded", "packed")
+BUDGET = 1280  # tokens per micro-batch: the longest sequence (64 + 1,024) fits
+LAYOUTS = {"padded": BatchLayout(), "packed": BatchLayout(packing=True), "budget": BatchLayout(True, BUDGET),
+           "one budget": BatchLayout(packing=True)}  # fmt: skip
 
 
 def lengths(distribution: str, seed: int = 0) -> tuple[list[int], list[int]]:
@@ -73,16 +84,23 @@ def policy(device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     return Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
 
 
-def training_passes(model, ids, mask, width, packing: bool) -> None:
+def heaviest_micro_batch(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of the budget's micro-batch with the most tokens."""
+    plan = plan_micro_batches(LAYOUTS["budget"].costs(mask), BUDGET)
+    rows = torch.tensor(max(plan, key=lambda group: int(mask[group].sum())))
+    return ids[rows], mask[rows]
+
+
+def training_passes(model, ids, mask, width, layout: BatchLayout) -> None:
     """pi_old's pass, then pi_theta's forward and backward of the GSPO loss."""
     response_mask = mask[:, -width:].bool()  # [n, R]
     with torch.no_grad():
-        old = response_logprobs(model, ids, mask, width, packing=packing)  # [n, R]
+        old = response_logprobs(model, ids, mask, width, layout=layout)  # [n, R]
     advantages = torch.linspace(-1, 1, len(ids), device=ids.device)  # [n]
     spec = ObjectiveSpec("gspo")
     terms = (old - 1e-3 * response_mask, advantages, response_mask, 3e-4, 4e-4)
     scores = response_scores(model, ids, mask, width, predict_upstream=objective_gradient(spec, *terms),
-                             packing=packing)  # fmt: skip
+                             layout=layout)  # fmt: skip
     loss, _ = objective_loss(spec, scores.logprobs, *terms)
     loss.backward()
 
@@ -92,14 +110,16 @@ def measure(settings: dict) -> dict:
     device, dtype = torch.device(settings["device"]), getattr(torch, settings["dtype"])
     model = policy(device, dtype)
     ids, mask, width = batch(settings["distribution"], device)
-    packing = settings["variant"] == "packed"
-    training_passes(model, ids, mask, width, packing)  # warm-up (allocator, kernels)
+    if settings["variant"] == "one budget":
+        ids, mask = heaviest_micro_batch(ids, mask)
+    layout = LAYOUTS[settings["variant"]]
+    training_passes(model, ids, mask, width, layout)  # warm-up (allocator, kernels)
     model.zero_grad(set_to_none=True)
     seconds = []
     with PeakMemory(device) as peak:
         for _ in range(settings["repeats"]):
             started = time.perf_counter()
-            training_passes(model, ids, mask, width, packing)
+            training_passes(model, ids, mask, width, layout)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - started)
@@ -109,10 +129,86 @@ def measure(settings: dict) -> dict:
             "padded_tokens": mask.numel()}  # fmt: skip
 
 
+def sampling_seconds(settings: dict) -> float:
+    """Seconds to sample the minibatch's 16 responses at the distribution's lengths (after a warm-up call)."""
+    device, dtype = torch.device(settings["device"]), getattr(torch, settings["dtype"])
+    prompts, responses = lengths(settings["distribution"])
+    generator = torch.Generator().manual_seed(2)
+    prompt_ids = [torch.randint(3, VOCAB, (p,), generator=generator).tolist() for p in prompts]
+    if settings["engine"] == "hf":
+        model = policy(device, dtype)
+        width = max(prompts)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompt_ids], device=device)  # left-padded
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
+        longest = max(responses)  # generate decodes every row until the longest one is done
+
+        def sample() -> None:
+            with torch.no_grad():
+                model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=longest,
+                               min_new_tokens=longest, pad_token_id=0, eos_token_id=None)  # fmt: skip
+    else:
+        import tempfile
+
+        import vllm
+
+        directory = tempfile.mkdtemp(prefix="bench_packing_")
+        config = policy(torch.device("meta"), dtype).config
+        config.architectures = ["Qwen3ForCausalLM"]
+        config.save_pretrained(directory)
+        engine = vllm.LLM(model=directory, load_format="dummy", skip_tokenizer_init=True, dtype=settings["dtype"],
+                          enforce_eager=device.type != "cuda", max_model_len=2048, enable_chunked_prefill=False,
+                          max_num_batched_tokens=4096, seed=0)  # fmt: skip
+        requests = [{"prompt_token_ids": p} for p in prompt_ids]
+        params = [vllm.SamplingParams(max_tokens=r, ignore_eos=True, detokenize=False) for r in responses]
+
+        def sample() -> None:
+            engine.generate(requests, params, use_tqdm=False)
+
+    sample()  # warm-up
+    started = time.perf_counter()
+    sample()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
 def run_fresh(settings: dict) -> dict:
     command = [sys.executable, __file__, "--measure", json.dumps(settings)]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{settings} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def passes_table(args, distribution: str) -> dict:
+    print("| variant | seconds per step | peak memory (MB) | tokens computed | speed-up | peak vs padded |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    results = {}
+    for variant in LAYOUTS:
+        settings = dict(device=args.device, dtype=args.dtype, distribution=distribution, variant=variant,
+                        repeats=args.repeats)  # fmt: skip
+        results[variant] = result = run_fresh(settings)
+        tokens = result["padded_tokens"] if variant == "padded" else result["real_tokens"]
+        speedup = results["padded"]["seconds"] / result["seconds"]
+        memory = result["peak_mb"] / results["padded"]["peak_mb"]
+        print(f"| {variant} | {result['seconds']:.2f} | {result['peak_mb']:.0f} | {tokens} | {speedup:.2f}x | "
+              f"{memory:.2f}x |", flush=True)  # fmt: skip
+    ratio = results["budget"]["peak_mb"] / results["one budget"]["peak_mb"]
+    print(f"\nbudget ({BUDGET} tokens per micro-batch): peak {ratio:.2f}x one budget's "
+          f"({results['one budget']['real_tokens']} tokens alone)\n")  # fmt: skip
+    return results
+
+
+def whole_step_table(args, distribution: str, passes: dict) -> None:
+    print("| engine | sampling (s) | step padded (s) | step packed (s) | step budget (s) | packed speed-up |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for engine in ("hf", "vllm"):
+        settings = dict(device=args.device, dtype=args.dtype, distribution=distribution, engine=engine)
+        sampling = run_fresh({**settings, "sampling": True})["seconds"]
+        steps = {variant: sampling + passes[variant]["seconds"] for variant in ("padded", "packed", "budget")}
+        print(f"| {engine} | {sampling:.2f} | {steps['padded']:.2f} | {steps['packed']:.2f} | {steps['budget']:.2f} "
+              f"| {steps['padded'] / steps['packed']:.2f}x |", flush=True)  # fmt: skip
+    print()
 
 
 def main() -> None:
@@ -123,25 +219,17 @@ def main() -> None:
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure(json.loads(args.measure))))
+        settings = json.loads(args.measure)
+        result = {"seconds": sampling_seconds(settings)} if settings.get("sampling") else measure(settings)
+        print(json.dumps(result))
         return
     print(f"machine: {platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"device {args.device}, {args.dtype}; policy {SHAPE}, vocabulary {VOCAB}, n = {RESPONSES}\n")  # fmt: skip
     for distribution in ("long_tailed", "uniform"):
         prompts, responses = lengths(distribution)
         print(f"## {distribution}: responses {sorted(responses)}, prompts {min(prompts)}-{max(prompts)}\n")
-        print("| variant | seconds per step | peak memory (MB) | tokens computed | speed-up |")
-        print("| --- | --- | --- | --- | --- |")
-        results = {}
-        for variant in VARIANTS:
-            settings = dict(device=args.device, dtype=args.dtype, distribution=distribution, variant=variant,
-                            repeats=args.repeats)  # fmt: skip
-            results[variant] = result = run_fresh(settings)
-            tokens = result["real_tokens"] if variant == "packed" else result["padded_tokens"]
-            speedup = results["padded"]["seconds"] / result["seconds"]
-            print(f"| {variant} | {result['seconds']:.2f} | {result['peak_mb']:.0f} | {tokens} | {speedup:.2f}x |",
-                  flush=True)  # fmt: skip
-        print()
+        passes = passes_table(args, distribution)
+        whole_step_table(args, distribution, passes)
 
 
 if __name__ == "__main__":

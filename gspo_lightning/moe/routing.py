@@ -70,21 +70,72 @@ def expert_change_fraction(old_index: Tensor, new_index: Tensor, token_mask: Ten
 
 
 class _RouteCapture:
-    """Collects each router's top-k index during one forward (as [n, L, k] per router)."""
+    """Each router's top-k experts per token of the minibatch ([n * L, k] per layer), filled by the forwards inside
+    a ``capture_routes`` or ``replay_routes`` block.
 
-    def __init__(self, batch_shape: tuple[int, int]) -> None:
+    A forward's tokens need not be the minibatch's [n, L] rectangle: packed rows and micro-batches run other
+    layouts. Before each such forward, :func:`announce_places` says where its tokens sit in the minibatch
+    (``places``: [T] flat indices into [n * L], -1 for a packed row's padding tail); the places stay until the
+    next announcement, so a checkpointed layer's recomputation in backward reads those of its own forward (autograd
+    finishes one micro-batch's backward, whose checkpointed forward announces again, before the next one's).
+    Recording is a scatter into fixed places: a recomputed forward writes the same experts again.
+    """
+
+    def __init__(self, batch_shape: tuple[int, int], layers: int) -> None:
         self.batch_shape = batch_shape
-        self.indices: list[Tensor] = []
+        self.places: Tensor | None = None  # [T]; None: the forward runs the minibatch's [n, L] itself
+        self.indices: list[Tensor | None] = [None] * layers  # [n * L, k] per layer, once recorded
 
-    def stacked(self, layers: int | None = None) -> Tensor:
-        """[n, layers, L, k] int16 (int32 when experts do not fit), from the first forward's ``layers`` routers
-        (a checkpointed backward re-runs the forward and records them again)."""
-        return torch.stack(self.indices[:layers], dim=1)
+    def stacked(self) -> Tensor:
+        """[n, layers, L, k] int16 (int32 when experts do not fit); 0 where no forward had a token."""
+        n, length = self.batch_shape
+        return torch.stack([index.view(n, length, -1) for index in self.indices], dim=1)
+
+    def forward_places(self, tokens: int) -> Tensor:
+        """[T] where the running forward's tokens sit in the minibatch's [n * L]."""
+        if self.places is None:
+            n, length = self.batch_shape
+            if tokens != n * length:
+                raise RuntimeError(f"a forward of {tokens} tokens over a minibatch of {n} x {length} announced no places")
+            return torch.arange(tokens)
+        return self.places
+
+    def record(self, layer: int, index: Tensor, num_experts: int) -> None:
+        """Experts ``index`` [T, k] chosen by router ``layer`` for the running forward's tokens."""
+        places = self.forward_places(index.shape[0]).to(index.device)  # [T]
+        if self.indices[layer] is None:
+            dtype = torch.int16 if num_experts < 2**15 else torch.int32
+            size = self.batch_shape[0] * self.batch_shape[1]
+            self.indices[layer] = torch.zeros(size, index.shape[-1], dtype=dtype, device=index.device)
+        real = places >= 0  # [T]
+        self.indices[layer][places[real]] = index.detach()[real].to(self.indices[layer].dtype)
 
 
-def _as_routes(index: Tensor, batch_shape: tuple[int, int], num_experts: int) -> Tensor:
-    dtype = torch.int16 if num_experts < 2**15 else torch.int32
-    return index.detach().reshape(*batch_shape, index.shape[-1]).to(dtype)  # [n, L, k]
+_ACTIVE: list[_RouteCapture] = []  # the captures and replays whose blocks are open
+
+
+def routes_active() -> bool:
+    """Whether a capture or replay block is open (the forwards must announce their places)."""
+    return bool(_ACTIVE)
+
+
+def announce_places(places: Tensor | None) -> None:
+    """The next forwards' tokens sit at ``places`` ([T] into the minibatch's flat [n * L], -1 for none) for every
+    open capture and replay; None: they are the minibatch's [n, L] itself."""
+    for capture in _ACTIVE:
+        capture.places = places
+
+
+@contextmanager
+def _hooked(routers: list[nn.Module], capture: _RouteCapture, hook) -> Iterator[_RouteCapture]:
+    handles = [router.register_forward_hook(hook) for router in routers]
+    _ACTIVE.append(capture)
+    try:
+        yield capture
+    finally:
+        _ACTIVE.remove(capture)
+        for handle in handles:
+            handle.remove()
 
 
 @contextmanager
@@ -93,50 +144,48 @@ def capture_routes(model: nn.Module, batch_shape: tuple[int, int]) -> Iterator[_
 
     Args:
         model: the policy.
-        batch_shape: (n, L) of the forward's input ids, to give each token its place.
+        batch_shape: (n, L) of the minibatch's input ids, to give each token its place.
 
-    Yields an object whose ``stacked()`` is [n, layers, L, k] after one forward.
+    Yields an object whose ``stacked()`` is [n, layers, L, k] after the forwards.
     """
-    capture = _RouteCapture(batch_shape)
+    routers = find_routers(model)
+    capture = _RouteCapture(batch_shape, len(routers))
+    layer_of = {id(router): layer for layer, router in enumerate(routers)}
 
     def record(module: nn.Module, inputs, output):
-        capture.indices.append(_as_routes(output[2], batch_shape, module.num_experts))
+        capture.record(layer_of[id(module)], output[2], module.num_experts)
 
-    handles = [router.register_forward_hook(record) for router in find_routers(model)]
-    try:
+    with _hooked(routers, capture, record):
         yield capture
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
 def replay_routes(model: nn.Module, routes: Tensor) -> Iterator[_RouteCapture]:
-    """Force the experts in ``routes`` (pi_old's) in every router during one forward inside the block.
+    """Force the experts in ``routes`` (pi_old's) in every router during the forwards inside the block.
 
     Args:
         model: the policy.
-        routes: [n, layers, L, k] recorded by :func:`capture_routes` on the same input ids.
+        routes: [n, layers, L, k] recorded by :func:`capture_routes` on the same minibatch.
 
     Yields a capture of the experts the routers would have chosen by themselves (for diagnostics).
     """
     routers = find_routers(model)
     if routes.shape[1] != len(routers):
         raise ValueError(f"routes hold {routes.shape[1]} layers but the model has {len(routers)} routers")
-    n, _, length, _ = routes.shape
-    capture = _RouteCapture((n, length))
+    n, _, length, k = routes.shape
+    capture = _RouteCapture((n, length), len(routers))
     layer_of = {id(router): layer for layer, router in enumerate(routers)}
 
     def force(module: nn.Module, inputs, output):
         router_logits, _, natural_index = output
-        capture.indices.append(_as_routes(natural_index, (n, length), module.num_experts))
-        forced = routes[:, layer_of[id(module)]].reshape(-1, routes.shape[-1]).to(natural_index.device)  # [T, k]
+        layer = layer_of[id(module)]
+        capture.record(layer, natural_index, module.num_experts)
+        places = capture.forward_places(natural_index.shape[0]).to(natural_index.device)  # [T]
+        recorded = routes[:, layer].reshape(-1, k).to(natural_index.device)  # [n * L, k]
+        spare = torch.arange(k, device=natural_index.device).expand(len(places), k)  # [T, k] a row's padding tail
+        forced = torch.where((places >= 0)[:, None], recorded[places.clamp(min=0)].long(), spare)  # [T, k]
         weights = replayed_weights(router_logits, forced, bool(getattr(module, "norm_topk_prob", False)))
         return router_logits, weights, forced.to(natural_index.dtype)
 
-    handles = [router.register_forward_hook(force) for router in routers]
-    try:
+    with _hooked(routers, capture, force):
         yield capture
-    finally:
-        for handle in handles:
-            handle.remove()

@@ -35,10 +35,12 @@ def objective_gradient(
         ref_logprobs: [n, R] the reference policy's log-probs, with a KL penalty.
     """
 
-    def predict(logprobs: Tensor, rows: slice) -> Tensor:  # [k, R] -> [k, R]
+    def predict(logprobs: Tensor, rows: slice | Tensor) -> Tensor:  # [k, R] -> [k, R]
+        index = torch.arange(old_logprobs.shape[0], device=old_logprobs.device)[rows]  # [k]
         with torch.enable_grad():
             chunk = logprobs.detach().requires_grad_()
-            full = torch.cat([old_logprobs[: rows.start], chunk, old_logprobs[rows.stop :]])  # [n, R]
+            dtype = torch.promote_types(old_logprobs.dtype, chunk.dtype)
+            full = old_logprobs.detach().to(dtype).index_copy(0, index, chunk.to(dtype))  # [n, R]
             loss, _ = objective_loss(spec, full, old_logprobs, advantages, mask, eps_low, eps_high, ref_logprobs)
             return torch.autograd.grad(loss, chunk)[0]
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from gspo_lightning.micro_batches import BatchLayout
 from gspo_lightning.objectives import KLRewardPenalty, RolloutCorrection
 from gspo_lightning.rollout.round import RoundModel
 from gspo_lightning.validation import SettingError
@@ -34,7 +35,8 @@ class SamplerModule(Protocol):
         rollout_correction: the rollout-training mismatch correction (its ``mode`` is ``off`` when unused).
         needs_engine_logprobs: the module's loss uses the engine's log-probs of the sampled tokens.
         logprob_chunk_size: response tokens per chunk of the LM head (0: unchunked), for pi_old's pass too.
-        packing: pi_old's and the reference's passes run over packed sequences, as the module's own pass does.
+        batch_layout: how pi_old's and the reference's passes lay out a minibatch (packed, by token budget), as
+            the module's own pass does (``gspo_lightning.micro_batches.BatchLayout``).
         device: where the policy's inputs go.
     """
 
@@ -48,7 +50,7 @@ class SamplerModule(Protocol):
     rollout_correction: RolloutCorrection
     needs_engine_logprobs: bool
     logprob_chunk_size: int
-    packing: bool
+    batch_layout: BatchLayout
     device: torch.device
 
 
@@ -86,7 +88,7 @@ def round_model(module: SamplerModule, engine_logprobs: bool, synced_gpus: bool)
         reference=module.reference_policy,
         kl_reward_penalty=module.kl_reward_penalty,
         chunk_size=module.logprob_chunk_size,
-        packing=module.packing,
+        layout=module.batch_layout,
         engine_logprobs=engine_logprobs or module.needs_engine_logprobs,
         synced_gpus=synced_gpus,
     )

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE, response_logprobs
+from gspo_lightning.micro_batches import BatchLayout
 from gspo_lightning.moe.routing import capture_routes
 from gspo_lightning.rollout.types import Minibatch, Rollout
 from gspo_lightning.validation import SettingError
@@ -77,7 +78,7 @@ def policy_passes(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     old_from_engine: bool = False,
     mask_truncated: bool = False,
-    packing: bool = False,
+    layout: BatchLayout = BatchLayout(),
 ) -> list[PolicyPass]:
     """Cut the rollout into K contiguous row blocks and record pi_old's per-token log-probs for each.
 
@@ -87,7 +88,8 @@ def policy_passes(
     experts per token) and the engine's, when the rollout has them, travel along (mismatch correction). With a
     ``reference`` policy (KL penalty) its log-probs are recorded too, on the reference's own device. With
     ``mask_truncated`` the responses that never reached EOS get an empty response mask (left out of the loss).
-    With ``packing`` every forward runs over the block's sequences packed end to end.
+    Every forward lays out the block's sequences as ``layout`` says (packed, by token budget), as
+    ``training_step`` does.
     Call it inside the same precision context as ``training_step``.
     """
     check_divisible(len(rollout), num_minibatches)
@@ -105,12 +107,12 @@ def policy_passes(
         else:
             with capture_routes(policy, tuple(input_ids.shape)) as routes:  # MoE: pi_old's experts per token
                 old_logprobs = response_logprobs(
-                    policy, input_ids, attention_mask, width, temperature, chunk_size, packing
+                    policy, input_ids, attention_mask, width, temperature, chunk_size, layout
                 )  # [n, R']
         ref_logprobs = None
         if reference is not None:
             ref_logprobs = _reference_logprobs(
-                reference, input_ids, attention_mask, width, temperature, chunk_size, packing
+                reference, input_ids, attention_mask, width, temperature, chunk_size, layout
             )  # [n, R']
         if mask_truncated:  # after pi_old's forward, which still sees every token
             response_mask = response_mask * ~rollout.truncated[rows, None].to(response_mask.device)  # [n, R']
@@ -156,12 +158,12 @@ def _reference_logprobs(
     response_length: int,
     temperature: float,
     chunk_size: int,
-    packing: bool = False,
+    layout: BatchLayout = BatchLayout(),
 ) -> Tensor:
     """pi_ref's log-probs, computed where the reference lives and returned on the policy's device."""
     device = next(reference.parameters()).device
     logprobs = response_logprobs(
         reference, input_ids.to(device), attention_mask.to(device), response_length, temperature, chunk_size,
-        packing,
+        layout,
     )  # [n, R]
     return logprobs.float().to(input_ids.device)

@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gspo_lightning.engines.base import SamplingEngine, SamplingSettings
 from gspo_lightning.logprobs import DEFAULT_CHUNK_SIZE
+from gspo_lightning.micro_batches import BatchLayout
 from gspo_lightning.objectives import AdvantageScale, KLRewardPenalty
 from gspo_lightning.episodes.loop import EpisodeRun
 from gspo_lightning.episodes.settings import EpisodeSettings
@@ -63,7 +64,7 @@ class RoundModel:
     reference: nn.Module | None = None  # pi_ref, for a KL penalty
     kl_reward_penalty: KLRewardPenalty | None = None  # kl_in: reward
     chunk_size: int = DEFAULT_CHUNK_SIZE
-    packing: bool = False  # log-prob passes over packed sequences
+    layout: BatchLayout = BatchLayout()  # how log-prob passes lay out a minibatch (packed, token budget)
     engine_logprobs: bool = False  # ask the engine for its log-probs of the sampled tokens
     synced_gpus: bool = False  # sharded parameters: every rank steps until all have finished
 
@@ -147,7 +148,7 @@ def train_round(
         model.temperature,
         reference=model.reference,
         chunk_size=model.chunk_size,
-        packing=model.packing,
+        layout=model.layout,
         old_from_engine=settings.old_from_engine,
         mask_truncated=settings.mask_truncated,
     )

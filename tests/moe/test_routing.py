@@ -8,12 +8,15 @@ import math
 import pytest
 import torch
 
+from gspo_lightning.logprobs import response_logprobs
+from gspo_lightning.micro_batches import BatchLayout
 from gspo_lightning.models import TinyQwen3, TinyQwen3Moe
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.moe import capture_routes, expert_change_fraction, find_routers, replay_routes, replayed_weights
 from gspo_lightning.rollout.minibatches import split_minibatches
 from gspo_lightning.rollout.types import Minibatch
 from tests.conftest import TINY
+from tests.test_packing import _scores, _uneven_batch
 from tests.test_module import _first_step
 
 MOE = dict(TINY, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
@@ -53,7 +56,7 @@ def test_capture_then_replay_on_the_same_weights_changes_nothing(moe_policy):
     with torch.no_grad(), replay_routes(moe_policy, routes) as replayed:
         forced = moe_policy(input_ids=ids).logits
     assert torch.equal(natural, forced)
-    assert torch.equal(torch.stack(replayed.indices, 1), routes)  # what the routers would choose: the same
+    assert torch.equal(replayed.stacked(), routes)  # what the routers would choose: the same
 
 
 def test_replay_forces_old_experts_after_the_router_changed_and_the_router_still_gets_gradient(moe_policy):
@@ -149,3 +152,59 @@ def test_routing_replay_trains_through_the_cli_with_evaluation_between_steps(tmp
     rows = list(csv.DictReader(open(tmp_path / "runs/tiny/version_0/metrics.csv")))
     changes = [float(r["moe/expert_change_frac"]) for r in rows if r.get("moe/expert_change_frac")]
     assert len(changes) == 5 and changes[0] == 0.0
+
+
+LAYOUTS = {"packed": BatchLayout(packing=True), "padded, micro-batched": BatchLayout(False, 30),
+           "packed, micro-batched": BatchLayout(True, 20)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def float32_moe():
+    """float32: the experts' grouped matmul has no float64 kernel."""
+    loader = TinyQwen3Moe(**MOE)
+    torch.manual_seed(0)
+    return loader.load_model(loader.load_tokenizer()).eval()
+
+
+def _recorded(policy, ids, mask, r, layout):
+    with torch.no_grad(), capture_routes(policy, tuple(ids.shape)) as captured:
+        response_logprobs(policy, ids, mask, r, layout=layout)
+    return captured.stacked().transpose(1, 2)[mask.bool()]  # [real tokens, layers, k]
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_experts_are_recorded_per_token_whatever_the_layout(float32_moe, name):
+    ids, mask, r = _uneven_batch(float32_moe.config.vocab_size, seed=4)
+    torch.testing.assert_close(_recorded(float32_moe, ids, mask, r, LAYOUTS[name]),
+                               _recorded(float32_moe, ids, mask, r, BatchLayout()), rtol=0, atol=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["", "activation checkpointing"])
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_routing_replay_whatever_the_layout_has_the_padded_gradients(float32_moe, name, checkpointed):
+    """pi_old's experts recorded on the padded minibatch, replayed in pi_theta (its routers moved, so the experts
+    it would choose differ): packed rows and micro-batches force each token's own experts, also when a decoder
+    layer's forward is recomputed in backward (micro-batch by micro-batch)."""
+    import copy
+
+    from gspo_lightning.strategies import shard_for_strategy
+
+    ids, mask, r = _uneven_batch(float32_moe.config.vocab_size, seed=4)
+    with torch.no_grad(), capture_routes(float32_moe, tuple(ids.shape)) as captured:
+        response_logprobs(float32_moe, ids, mask, r)
+    routes = captured.stacked()
+    theta = copy.deepcopy(float32_moe)
+    with torch.no_grad():
+        for router in find_routers(theta):
+            router.weight.add_(torch.randn_like(router.weight) * 0.5)
+    assert _recorded(theta, ids, mask, r, BatchLayout()).ne(routes.transpose(1, 2)[mask.bool()]).any()
+    if checkpointed:
+        shard_for_strategy(theta, None, None, activation_checkpointing=True)
+    results = []
+    for layout in (BatchLayout(), LAYOUTS[name]):
+        with replay_routes(theta, routes):
+            results.append(_scores(theta, ids, mask, r, layout, 1024))
+    (_, padded_loss, padded_grads), (_, loss, grads) = results
+    torch.testing.assert_close(loss, padded_loss, atol=1e-6, rtol=0)
+    for parameter, grad in padded_grads.items():
+        torch.testing.assert_close(grads[parameter], grad, atol=1e-5, rtol=1e-4, msg=parameter)

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 from gspo_lightning.engines import HFEngine
 from gspo_lightning.logprobs import response_logprobs
+from gspo_lightning.micro_batches import BatchLayout
 from gspo_lightning.objectives import RolloutCorrection
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout import GroupSampler, PromptBatch
@@ -31,7 +32,7 @@ class ReinforceModule(pl.LightningModule):
         self.rollout_correction = RolloutCorrection()
         self.needs_engine_logprobs = False
         self.logprob_chunk_size = 0
-        self.packing = False
+        self.batch_layout = BatchLayout()
         self.seen: list[tuple[int, int, int]] = []
 
     def training_step(self, batch, batch_idx):
