@@ -221,7 +221,8 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
         weight, bias, predicted = saved[1], saved[2], saved[5]
         grad_logprobs = grad_logprobs.float()  # [N]
         if predicted is None or ctx.grads is None:  # no prediction, or a second backward (retain_graph=True)
-            return (*_recomputed_grads(ctx, saved, grad_logprobs).scaled(1.0, weight, bias), None, None, None, None, None)
+            grads = _recomputed_grads(ctx, saved, grad_logprobs).scaled(1.0, weight, bias)
+            return (*grads, None, None, None, None, None)
         scale, residual = _fit_scale(predicted, grad_logprobs)
         grads = ctx.grads.scaled(scale, weight, bias)
         if residual is not None:  # the prediction was not the gradient: add the difference exactly

@@ -39,7 +39,8 @@ from gspo_lightning.objectives import (
 from gspo_lightning.resume import apply_configured_settings, check_fixed_settings, optimizer_settings
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
 from gspo_lightning.step_metrics import log_expert_change, log_mismatch, log_step_metrics
-from gspo_lightning.strategies import is_fsdp1, refuse_micro_batches_sharded, shard_for_strategy
+from gspo_lightning.strategies import hands_over_hf_checkpointing, is_fsdp1, refuse_micro_batches_sharded
+from gspo_lightning.strategies import shard_for_strategy
 from gspo_lightning.validation import SettingError, check_optimizer_settings, require
 
 # The policy stays in eval mode on purpose (see configure_model); Lightning's notice about it is noise here.
@@ -183,7 +184,7 @@ class GSPOModule(pl.LightningModule):
         # Eval mode for good: dropout off, so pi_old and pi_theta are the same deterministic function of the
         # weights and the first minibatch of every round is exactly on-policy (ratio 1).
         self.policy = self.policy_loader.load_model(self.tokenizer).eval()
-        checkpointing = self.hparams.activation_checkpointing or _hands_over_hf_checkpointing(self.policy)
+        checkpointing = self.hparams.activation_checkpointing or hands_over_hf_checkpointing(self.policy)
         if self.objective.kl_coef > 0:  # copied before sharding: every rank holds the whole frozen reference
             self._reference = [copy.deepcopy(self.policy).requires_grad_(False).eval()]
         if self.hparams.routing_replay and not find_routers(self.policy):
@@ -384,22 +385,6 @@ class GSPOModule(pl.LightningModule):
 def _mean_entropy(entropy: Tensor, minibatch: Minibatch) -> Tensor:
     mask = minibatch.response_mask.bool()  # [n, R]
     return torch.where(mask, entropy, torch.zeros_like(entropy)).sum() / mask.sum().clamp(min=1)
-
-
-def _hands_over_hf_checkpointing(policy: nn.Module) -> bool:
-    """Whether the loaded policy has Hugging Face's gradient checkpointing on, which only acts in training mode:
-    it is switched off, and the module's own (``activation_checkpointing``) used instead."""
-    # transformers >= 5.x names it activation checkpointing; earlier versions gradient checkpointing
-    current = hasattr(policy, "activation_checkpointing_enable")
-    if not (policy.is_activation_checkpointing if current else getattr(policy, "is_gradient_checkpointing", False)):
-        return False
-    disable = getattr(policy, "activation_checkpointing_disable", None) or policy.gradient_checkpointing_disable
-    disable()
-    rank_zero_warn(
-        "the policy came with Hugging Face gradient checkpointing enabled, which does nothing in eval mode (where "
-        "the policy stays, so that dropout is off): using model.activation_checkpointing instead"
-    )
-    return True
 
 
 def _with_token_budget(spec: ObjectiveSpec, max_new_tokens: int) -> ObjectiveSpec:

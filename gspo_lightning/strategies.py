@@ -21,6 +21,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
@@ -215,6 +216,22 @@ def shard_for_strategy(
             policy, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=_is_decoder_layer(decoder_layer_classes(policy))
         )
     return policy
+
+
+def hands_over_hf_checkpointing(policy: nn.Module) -> bool:
+    """Whether the loaded policy has Hugging Face's gradient checkpointing on, which only acts in training mode:
+    it is switched off, and the module's own (``activation_checkpointing``) used instead."""
+    # transformers >= 5.x names it activation checkpointing; earlier versions gradient checkpointing
+    current = hasattr(policy, "activation_checkpointing_enable")
+    if not (policy.is_activation_checkpointing if current else getattr(policy, "is_gradient_checkpointing", False)):
+        return False
+    disable = getattr(policy, "activation_checkpointing_disable", None) or policy.gradient_checkpointing_disable
+    disable()
+    rank_zero_warn(
+        "the policy came with Hugging Face gradient checkpointing enabled, which does nothing in eval mode (where "
+        "the policy stays, so that dropout is off): using model.activation_checkpointing instead"
+    )
+    return True
 
 
 def fsdp1_root(trainer: pl.Trainer) -> nn.Module | None:

@@ -1,4 +1,4 @@
-"""The tool-use demo as the README runs it (``configs/tool_calculator.yaml``), shortened: in its first 100 steps the
+"""The tool-use demo as the README runs it (``configs/tool_calculator.yaml``), shortened: in its first 50 steps the
 policy learns to call the calculator and solves more held-out problems. Not timed: it asserts what is learnt, with
 a margin. The warm start is trained once and shared through the cache (``GSPO_LIGHTNING_CACHE``, which CI sets)."""
 
@@ -13,10 +13,10 @@ import pytest
 
 from tests.test_cli import ROOT
 
-STEPS = 100
+STEPS = 50
 MIN_GAIN = 0.20
-"""Held-out greedy success gained in the first 100 steps, at least: +67 points by step 50 on seed 0
-(``experiments/tool_calculator/curves.csv``)."""
+"""Held-out greedy success gained in the first 50 steps, at least: +67 / +40 / +45 points on seeds 0 / 1 / 2, and
+tool calls per problem +0.75 / +0.38 / +0.59 (``experiments/tool_calculator/curves.csv``)."""
 
 
 @pytest.mark.slow
@@ -29,7 +29,7 @@ def test_the_tool_demo_learns_to_call_the_calculator(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     with (tmp_path / "runs/tool_calculator/version_0/metrics.csv").open(newline="") as handle:
         evaluations = {int(r["step"]): r for r in csv.DictReader(handle) if r["eval/accuracy"]}
-    assert sorted(evaluations) == [0, 50, 100]
+    assert sorted(evaluations) == [0, STEPS]
     first, last = evaluations[0], evaluations[STEPS]
     assert float(last["eval/accuracy"]) - float(first["eval/accuracy"]) >= MIN_GAIN, evaluations
     assert float(last["eval/tool_calls_mean"]) > float(first["eval/tool_calls_mean"]) + 0.3

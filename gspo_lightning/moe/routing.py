@@ -96,7 +96,7 @@ class _RouteCapture:
         if self.places is None:
             n, length = self.batch_shape
             if tokens != n * length:
-                raise RuntimeError(f"a forward of {tokens} tokens over a minibatch of {n} x {length} announced no places")
+                raise RuntimeError(f"a forward of {tokens} tokens over an {n} x {length} minibatch announced no places")
             return torch.arange(tokens)
         return self.places
 

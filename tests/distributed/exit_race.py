@@ -8,14 +8,15 @@ trainer's modules hold it), then the ending under test and interpreter exit.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
-import torch.distributed as dist
-
-from gspo_lightning.cli import close_process_group
+# The CLI's own ending, loaded alone: importing the package (Lightning, transformers) would take most of a run.
+_SOURCE = Path(__file__).resolve().parents[2] / "gspo_lightning" / "process_group.py"
 
 
 def free_port() -> int:
@@ -28,13 +29,18 @@ KEPT = []  # lives until the interpreter finalises, as the CLI (held by jsonargp
 
 
 def run_rank(rank: int, ending: str) -> None:
+    import torch.distributed as dist
+
+    spec = importlib.util.spec_from_file_location("process_group", _SOURCE)
+    process_group = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(process_group)
     sys.setswitchinterval(30)  # the main thread keeps the GIL unless it blocks: the race shows often
     dist.init_process_group("gloo", rank=rank, world_size=2)
     KEPT.append(dist.group.WORLD)
     for _ in range(3):
         dist.broadcast_object_list([os.getcwd() if rank == 0 else None])  # Python-owned tensors in the work
     if ending == "close_process_group":
-        close_process_group()
+        process_group.close_process_group()
     else:
         dist.destroy_process_group()
 

@@ -98,11 +98,14 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--export", default=None, help="also export the policy here with ExportPolicy")
     parser.add_argument("--module-checkpointing", action="store_true", help="model.activation_checkpointing")
+    parser.add_argument("--packing", action="store_true", help="model.packing")
+    parser.add_argument("--micro-batch-tokens", type=int, default=None, help="model.micro_batch_tokens")
     args = parser.parse_args()
     loader = TinyQwen3(**TINY)
     module = SGDModule(
-        policy=loader, objective="gspo", lr=0.5, log_entropy=False, activation_checkpointing=args.module_checkpointing
-    )
+        policy=loader, objective="gspo", lr=0.5, log_entropy=False, activation_checkpointing=args.module_checkpointing,
+        packing=args.packing, micro_batch_tokens=args.micro_batch_tokens, max_new_tokens=RESPONSE_LEN,
+    )  # fmt: skip
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=args.devices,

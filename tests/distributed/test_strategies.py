@@ -18,12 +18,17 @@ SCRIPT = Path(__file__).with_name("one_step.py")
 CLIP = 0.01  # well below the gradient norm: clipping changes the step, so a per-shard norm would show
 
 
+MODULE_OPTIONS = {"module_checkpointing": ["--module-checkpointing"], "packing": ["--packing"],
+                  "micro_batches": ["--micro-batch-tokens", "12"]}  # fmt: skip
+
+
 def one_step(directory: Path, strategy: str, devices: int, export: bool = False) -> dict[str, torch.Tensor]:
-    """``strategy`` is one of one_step.py's, optionally with ``+module_checkpointing`` (the module's option)."""
+    """``strategy`` is one of one_step.py's, optionally with ``+option`` for module options (``MODULE_OPTIONS``:
+    ``+module_checkpointing``, ``+packing``, ``+micro_batches``: 12 tokens, one or two sequences each)."""
     out = directory / f"{strategy}.pt"
-    name, _, module_option = strategy.partition("+")
+    name, *module_options = strategy.split("+")
     command = [sys.executable, str(SCRIPT), "--strategy", name, "--devices", str(devices), "--clip", str(CLIP)]
-    command += ["--module-checkpointing"] if module_option else []
+    command += [argument for option in module_options for argument in MODULE_OPTIONS[option]]
     command += ["--out", str(out)] + (["--export", str(directory / f"{strategy}_hf")] if export else [])
     result = subprocess.run(command, capture_output=True, text=True, cwd=directory, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -47,7 +52,8 @@ def initial() -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(
     "strategy",
     ["ddp", "fsdp2", "fsdp1", "fsdp2_checkpointing", "fsdp1_checkpointing"]
-    + [f"{name}+module_checkpointing" for name in ("ddp", "fsdp2", "fsdp1")],  # model.activation_checkpointing
+    + [f"{name}+module_checkpointing" for name in ("ddp", "fsdp2", "fsdp1")]  # model.activation_checkpointing
+    + ["ddp+packing+micro_batches", "fsdp2+packing"],
 )
 def test_two_rank_step_equals_the_single_process_step(tmp_path, strategy, single_process, initial):
     two_ranks = one_step(tmp_path, strategy, devices=2, export=True)
@@ -156,9 +162,21 @@ def test_module_checkpointing_under_a_plain_fsdp1_strategy_says_what_to_use(poli
 
 @pytest.mark.slow
 def test_a_finished_two_rank_run_exits_cleanly_although_gloo_threads_race_the_exit():
-    # With a bare destroy_process_group ("destroy_only") this harness aborted 4 runs in 20 (exit -6): 8 clean
-    # exits in a row would pass by chance about 1 time in 6.
+    # With a bare destroy_process_group ("destroy_only") this harness aborted 4 runs in 20 (exit -6), and 2 in 10
+    # once it loaded the ending alone (6 s a run, not 25): 8 clean exits in a row would pass by chance about 1
+    # time in 6.
     command = [sys.executable, str(Path(__file__).with_name("exit_race.py")), "close_process_group"]
     for attempt in range(8):
         result = subprocess.run(command, capture_output=True, text=True, timeout=240)
         assert result.returncode == 0, f"attempt {attempt}: {result.stdout[-300:]}\n{result.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("strategy", [DecoderLayerFSDP, DecoderLayerFSDP2])
+def test_micro_batches_under_fsdp_are_refused_naming_the_setting(strategy):
+    from gspo_lightning.strategies import refuse_micro_batches_sharded
+    from gspo_lightning.validation import SettingError
+
+    refuse_micro_batches_sharded(None, strategy())
+    refuse_micro_batches_sharded(512, "ddp")
+    with pytest.raises(SettingError, match=f"model.micro_batch_tokens=512 is not supported under {strategy.__name__}"):
+        refuse_micro_batches_sharded(512, strategy())
