@@ -73,3 +73,28 @@ def test_without_gradient_nothing_is_recomputed(float64_policy):
     finally:
         hook.remove()
     assert len(forwards) == 3
+
+
+class _Prompts:
+    """A data module's prompt listing (``prompt_chunks``), as the fit-start checks read it."""
+
+    def __init__(self, prompts: list[str]) -> None:
+        self.prompts = prompts
+
+    def prompt_chunks(self, split: str = "train"):
+        yield 0, self.prompts
+
+
+def test_a_budget_the_data_cannot_fit_is_refused_at_fit_start(tokenizer):
+    from gspo_lightning.rollout.checks import check_micro_batch_budget
+    from gspo_lightning.validation import SettingError
+
+    data = _Prompts(["1+1=", "123+456="])  # 8 characters: 8 tokens (character tokenizer)
+    check_micro_batch_budget(data, tokenizer, 16, 8, context=None)  # 8 + 8 fits
+    check_micro_batch_budget(data, tokenizer, None, 8, context=None)  # no budget: nothing to check
+    check_micro_batch_budget(data, tokenizer, 12, 8, context=12)  # the context caps a sequence at 12
+    with pytest.raises(SettingError, match=r"model.micro_batch_tokens=15 is smaller than the longest sequence the "
+                                           r"training data can make: its longest prompt \(8 tokens\) with "
+                                           r"model.max_new_tokens=8 is 16 tokens; set model.micro_batch_tokens to "
+                                           r"at least 16"):  # fmt: skip
+        check_micro_batch_budget(data, tokenizer, 15, 8, context=None)

@@ -218,6 +218,26 @@ def check_prompt_lengths(datamodule: Any, tokenizer: Any, context: int | None, m
             )
 
 
+def check_micro_batch_budget(
+    datamodule: Any, tokenizer: Any, budget: int | None, max_new_tokens: int, context: int | None
+) -> None:
+    """The longest sequence the training data can make (its longest prompt, tokenised as sampling tokenises it,
+    with ``max_new_tokens`` response tokens, within the context) fits ``model.micro_batch_tokens``: checked at
+    fit start, not when the first long response is drawn. Padded micro-batches cost rows x that width at most."""
+    chunks = getattr(datamodule, "prompt_chunks", None)
+    if budget is None or not callable(chunks):
+        return
+    lengths = (encode_prompts(tokenizer, prompts, "cpu")[1].sum(-1) for _, prompts in chunks("train") if prompts)
+    longest = max((int(tokens.max()) for tokens in lengths), default=0)
+    need = longest + max_new_tokens if context is None else min(longest + max_new_tokens, context)
+    if need > budget:
+        raise SettingError(
+            f"model.micro_batch_tokens={budget} is smaller than the longest sequence the training data can make: "
+            f"its longest prompt ({longest} tokens) with model.max_new_tokens={max_new_tokens} is {need} tokens; "
+            f"set model.micro_batch_tokens to at least {need} (a sequence is never split across micro-batches)"
+        )
+
+
 def validate_episodes(episodes: Any, prompt_overflow: str, engine: Any) -> None:
     """Settings that contradict multi-turn episodes, refused when the sampler is built."""
     if episodes is None:

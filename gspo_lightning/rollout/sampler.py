@@ -209,6 +209,12 @@ class GroupSampler(Callback):
         elif self.round.prompt_overflow == "error":
             context = context_length(module.policy, module.tokenizer)
             checks.check_prompt_lengths(trainer.datamodule, module.tokenizer, context, module.max_new_tokens)
+        if self.round.episodes is None:  # an episode's length is its turns': checked as each minibatch is cut
+            context = context_length(module.policy, module.tokenizer)
+            budget = module.batch_layout.micro_batch_tokens
+            checks.check_micro_batch_budget(
+                trainer.datamodule, module.tokenizer, budget, module.max_new_tokens, context
+            )
         for reward in self.rewards:  # e.g. LengthPenalty counts the policy's tokens
             if callable(getattr(reward, "setup", None)):
                 reward.setup(module.tokenizer)
