@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-
 from torch.utils.checkpoint import checkpoint
 
 from gspo_lightning.chunked_logprobs import UpstreamPredictor, chunked_head_logprobs

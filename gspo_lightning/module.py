@@ -40,7 +40,7 @@ from gspo_lightning.resume import apply_configured_settings, check_fixed_setting
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
 from gspo_lightning.step_metrics import log_expert_change, log_mismatch, log_step_metrics
 from gspo_lightning.strategies import hands_over_hf_checkpointing, is_fsdp1, refuse_micro_batches_sharded
-from gspo_lightning.strategies import shard_for_strategy
+from gspo_lightning.strategies import inference_context, shard_for_strategy
 from gspo_lightning.validation import SettingError, check_optimizer_settings, require
 
 # The policy stays in eval mode on purpose (see configure_model); Lightning's notice about it is noise here.
@@ -201,7 +201,9 @@ class GSPOModule(pl.LightningModule):
     def on_fit_start(self) -> None:
         self.policy.eval()
         if self.hparams.packing:
-            check_packing(self.policy)
+            trainer = attached_trainer(self)
+            with inference_context(trainer) if trainer is not None else torch.no_grad():  # FSDP1: the root gathered
+                check_packing(self.policy)
         if self.reference_policy is not None:
             # In the policy's precision: the precision plugin converts this module (bf16-true: its weights to
             # bfloat16) but not the reference, which lives outside it; mixed precision leaves both in float32.
