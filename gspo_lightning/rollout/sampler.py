@@ -203,14 +203,13 @@ class GroupSampler(Callback):
         module = check_sampler_module(pl_module)
         check_built(module)
         checks.check_chat_template(trainer.datamodule, module.tokenizer)  # a tokenizer built in configure_model
+        context = context_length(module.policy, module.tokenizer)
         if self.round.episodes is not None:
             checks.check_episode_tokenizer(module.tokenizer)
-            self.round.episodes.episode_budget(context_length(module.policy, module.tokenizer))  # within the context
+            self.round.episodes.episode_budget(context)  # within the context
         elif self.round.prompt_overflow == "error":
-            context = context_length(module.policy, module.tokenizer)
             checks.check_prompt_lengths(trainer.datamodule, module.tokenizer, context, module.max_new_tokens)
         if self.round.episodes is None:  # an episode's length is its turns': checked as each minibatch is cut
-            context = context_length(module.policy, module.tokenizer)
             budget = module.batch_layout.micro_batch_tokens
             checks.check_micro_batch_budget(
                 trainer.datamodule, module.tokenizer, budget, module.max_new_tokens, context
