@@ -42,6 +42,8 @@ def log_step_metrics(
         module.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=size)
     log_across_ranks(module, {f"train/{name}": value for name, value in stats.items()}, size)
     log_across_ranks(module, {f"diag/{name}": value for name, value in diagnostics.items()}, size)
+    if minibatch.engine_logprobs is not None:
+        log_across_ranks(module, behaviour_clip_fractions(module, logprobs, minibatch), size)
     # One series per minibatch index: drift grows from ~0 at the first minibatch of a round to the K-th.
     drift = per_index_series("drift/kl_old_theta_mb", diagnostics["kl_old_theta"], minibatch_index)
     log_across_ranks(module, drift, size)
@@ -50,6 +52,24 @@ def log_step_metrics(
         ratios = sequence_ratios(logprobs, minibatch.old_logprobs, minibatch.response_mask)  # [N_valid]
         for logger in histogram_loggers:
             logger.experiment.add_histogram("diag/seq_ratio", ratios, module.global_step)
+
+
+def behaviour_clip_fractions(module: pl.LightningModule, logprobs: Tensor, minibatch: Minibatch) -> dict[str, Tensor]:
+    """``diag/behaviour_clip_frac_resp`` (and ``_lag_<k>`` under asynchronous rollouts): the clip fraction had the
+    objective's ratio been taken against the behaviour policy (the engine's log-probs: of stale weights when
+    sampling runs ahead, of other kernels or precision always) instead of the trainer's pi_old. Trainers that use
+    the behaviour log-probs as pi_old see this clip fraction (issue 28's staleness experiment)."""
+    behaviour = ratio_diagnostics(
+        logprobs,
+        minibatch.engine_logprobs,
+        minibatch.advantages,
+        minibatch.response_mask,
+        module.eps_low,
+        module.eps_high,
+        ratio_level=module.objective.ratio,
+        lags=minibatch.policy_lag,
+    )
+    return {f"diag/behaviour_{name}": value for name, value in behaviour.items() if name.startswith("clip_frac")}
 
 
 def per_index_series(prefix: str, value: Tensor, index: int) -> dict[str, Tensor]:
