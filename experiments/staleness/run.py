@@ -1,6 +1,6 @@
 """GSPO, GSPO-token and GRPO under staleness: fixed lag 0, 1, 2, 4 and streaming, the same sample budget.
 
-    python experiments/staleness/run.py              # 3 objectives x 5 modes x 3 seeds, about 55 minutes on 2 cores
+    python experiments/staleness/run.py              # 3 objectives x 5 modes x 3 seeds, about 65 minutes on 2 cores (21 a seed)
     python experiments/staleness/run.py --seeds 0 --steps 40 --out /tmp/staleness   # a quick look
     python experiments/staleness/run.py --replot     # tables and plot again from progress.jsonl
 
