@@ -1,18 +1,21 @@
 """GSPO, GSPO-token and GRPO under staleness: fixed lag 0, 1, 2, 4 and streaming, the same sample budget.
 
-    python experiments/staleness/run.py              # 3 objectives x 5 modes x 3 seeds, about 65 minutes on 2 cores (21 a seed)
+    python experiments/staleness/run.py              # 3 objectives x 6 modes x 3 seeds, about 90 minutes on 2 cores
     python experiments/staleness/run.py --seeds 0 --steps 40 --out /tmp/staleness   # a quick look
     python experiments/staleness/run.py --replot     # tables and plot again from progress.jsonl
 
 The quick start (warm-started tiny Qwen3, 3-digit addition, P x G = 16 x 8, K = 4 minibatches a round,
-responses of at most 8 tokens) for ``--steps`` optimizer steps, so every run trains on the same samples count.
+responses of at most 8 tokens) for ``--steps`` optimizer steps (400: 100 rounds), so every run trains on the same
+number of samples.
 Sampling runs on an engine of its own (``gspo_lightning.engines.VLLMProcessEngine``), its threads on core 1,
 the trainer on core 0 (``taskset -c 0``), one thread each, as in ``experiments/bench/async_rollouts.py``; every
 run uses ``model.rollout_correction.mode: tis`` (the cap C = 2), so the only difference between modes is the lag:
 
 - ``lag 0``: ``sampler.asynchronous.mode: off``, on-policy rounds;
 - ``lag k`` (1, 2, 4): ``mode: fixed_lag, lag: k``: round r sampled with the weights of round r - k's start;
-- ``streaming``: ``mode: streaming`` at its defaults (``max_staleness: 2``, chunks of 32 tokens).
+- ``streaming``: ``mode: streaming`` at its defaults (``max_staleness: 2``, chunks of 32 tokens);
+- ``lag 4, no TIS``: lag 4 with ``rollout_correction.mode: off``: what the correction contributes (the proximal
+  pi_old stays; nothing weighs the gap between it and the behaviour policy).
 
 pi_old is the proximal policy (the weights at the start of the round a sample is trained in, recomputed); the
 engine's log-probs are the behaviour policy's. Per run: held-out greedy accuracy (256 problems) every 50 steps
@@ -51,7 +54,10 @@ MODES = {
     "lag 2": ["--sampler.asynchronous.mode=fixed_lag", "--sampler.asynchronous.lag=2"],
     "lag 4": ["--sampler.asynchronous.mode=fixed_lag", "--sampler.asynchronous.lag=4"],
     "streaming": ["--sampler.asynchronous.mode=streaming"],
+    "lag 4, no TIS": ["--sampler.asynchronous.mode=fixed_lag", "--sampler.asynchronous.lag=4",
+                      "--model.init_args.rollout_correction.mode=off"],
 }
+CORRECTED = [mode for mode in MODES if "no TIS" not in mode]  # the by-lag figures: TIS on, only the lag differs
 LAGS = (0, 1, 2, 3, 4)
 EVERY = 50
 K = 4
@@ -111,7 +117,7 @@ def runs_to_do(args) -> list[tuple[str, str, int]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--objectives", nargs="+", choices=OBJECTIVES, default=list(OBJECTIVES))
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--out", type=Path, default=HERE, help="where the results go (default: next to this script)")
@@ -182,7 +188,7 @@ def report(done: list[dict], args) -> None:
 
 def plot(done: list[dict], path: Path) -> None:
     figure, axes = common.grid_figure(3, 3, (16, 12))
-    colors = dict(zip(MODES, ["black", "tab:blue", "tab:orange", "tab:red", "tab:green"]))
+    colors = dict(zip(MODES, ["black", "tab:blue", "tab:orange", "tab:red", "tab:green", "tab:purple"]))
     for column, objective in enumerate(OBJECTIVES):
         for mode, color in colors.items():
             runs = [d for d in done if d["summary"]["objective"] == objective and d["summary"]["mode"] == mode]
@@ -193,10 +199,9 @@ def plot(done: list[dict], path: Path) -> None:
             common.plot_band(axes[1, column], [([p["wall_s"] for p in d["curve"]], [100 * p["accuracy"] for p in d["curve"]])
                                                for d in runs], mode, color)  # fmt: skip
         for label, key, marker in (("vs pi_prox", "clip_frac", "o-"), ("vs behaviour", "behaviour_clip_frac", "s--")):
-            lags = [k for k in LAGS if any(not math.isnan(d["summary"][f"{key}_lag_{k}"]) for d in done
-                                           if d["summary"]["objective"] == objective)]  # fmt: skip
-            values = [statistics.mean(v for d in done if d["summary"]["objective"] == objective
-                                      and not math.isnan(v := d["summary"][f"{key}_lag_{k}"])) for k in lags]  # fmt: skip
+            runs = [d["summary"] for d in done if d["summary"]["objective"] == objective and d["summary"]["mode"] in CORRECTED]
+            lags = [k for k in LAGS if any(not math.isnan(r[f"{key}_lag_{k}"]) for r in runs)]
+            values = [statistics.mean(v for r in runs if not math.isnan(v := r[f"{key}_lag_{k}"])) for k in lags]
             axes[2, column].plot(lags, values, marker, label=label)
         axes[0, column].set_title(objective)
     for column in range(3):
