@@ -38,3 +38,66 @@ def test_every_experiment_script_documents_its_command(script):
     result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert f"python experiments/{script.parent.name}/run.py" in result.stdout
+
+
+def _script(name: str):
+    from common import load_script
+
+    return load_script(ROOT / f"experiments/{name}/run.py")
+
+
+def test_length_correction_weights_by_hand():
+    """Two responses, per-token log(pi_old / pi_behav) of 4 tokens each; figures of their first 2 and 4 tokens."""
+    torch = pytest.importorskip("torch")
+    length = _script("length_correction")
+    d = torch.tensor([[0.5, 0.5, 1.0, 1.0], [-0.5, -0.5, -1.0, -1.0]], dtype=torch.float64)
+    two = length.correction_weights(d, 2, cap=2.0)
+    # product: log w = +1, -1 -> w = e, 1/e; TIS: min(e, 2) = 2 -> mean (2 + 1/e) / 2; MIS keeps neither
+    assert two["product_log_mean"] == pytest.approx(0.0) and two["product_log_std"] == pytest.approx(math.sqrt(2))
+    assert two["product_effective_lr"] == pytest.approx((2 + math.exp(-1)) / 2, rel=1e-12)
+    assert two["product_mis_kept"] == 0.0
+    assert two["product_ess"] == pytest.approx((math.e + 1 / math.e) ** 2 / (2 * (math.e**2 + math.e**-2)), rel=1e-12)
+    # length-normalised: log w = +0.5, -0.5, both within [1/2, 2]
+    assert two["normalised_effective_lr"] == pytest.approx((math.exp(0.5) + math.exp(-0.5)) / 2, rel=1e-12)
+    assert two["normalised_mis_kept"] == 1.0
+    four = length.correction_weights(d, 4, cap=2.0)  # log w = +3, -3 product; +0.75, -0.75 normalised
+    assert four["product_effective_lr"] == pytest.approx((2 + math.exp(-3)) / 2, rel=1e-12)
+    assert four["normalised_median"] == pytest.approx(math.exp(-0.75))  # torch's median of two: the lower
+    assert four["normalised_mis_kept"] == 0.0  # e^0.75 = 2.12 > 2
+
+
+def test_lognormal_effective_lr_against_sampling():
+    torch = pytest.importorskip("torch")
+    length = _script("length_correction")
+    assert length.lognormal_effective_lr(0.0, 0.0) == 1.0 and length.lognormal_effective_lr(2.0, 0.0) == 2.0
+    generator = torch.Generator().manual_seed(0)
+    for mean, std in ((-0.5, 1.0), (-2.0, 2.0), (0.1, 0.3)):
+        samples = (mean + std * torch.randn(400_000, generator=generator, dtype=torch.float64)).exp().clamp(max=2.0)
+        assert length.lognormal_effective_lr(mean, std) == pytest.approx(samples.mean().item(), abs=5e-3)
+
+
+def test_episode_shape_and_spread_by_hand():
+    torch = pytest.importorskip("torch")
+    episodes = _script("episodes")
+    # row 0: two turns (2 + 1 policy tokens) around 2 tool tokens, 3 prompt tokens; row 1: one turn of 1 token
+    response_mask = torch.tensor([[1, 1, 0, 0, 1], [0, 1, 0, 0, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 1, 0, 0, 0]])
+    turns, policy, context = episodes.episode_shape(response_mask, attention)
+    assert turns.tolist() == [2, 1] and policy.tolist() == [3, 1] and context.tolist() == [5, 2]
+    new = torch.tensor([[0.1, 0.4, 9.0, 9.0, 0.7], [0.0, 0.3, 9.0, 9.0, 9.0]])
+    old = torch.zeros(2, 5)
+    mean, spread = episodes.log_ratio_spread(new, old, response_mask)
+    assert mean.tolist() == pytest.approx([0.4, 0.3])
+    assert spread.tolist() == pytest.approx([math.sqrt((0.09 + 0 + 0.09) / 2), 0.0])
+
+
+def test_call_bonus_pays_once_for_a_call_that_ran():
+    episodes = _script("episodes")
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*3"}}</tool_call>'
+    bad = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*x"}}</tool_call>'
+    environment = episodes.CalculatorCallBonus(bonus=0.2)
+    assert environment.step(bad).reward == 0.0  # the tool answered with an error
+    first = environment.step(call)
+    assert first.reward == 0.2 and first.observation[0]["content"] == "36"
+    assert environment.step(call).reward == 0.0  # once per episode
+    assert environment.step("The answer is 36.").done
