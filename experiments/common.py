@@ -178,6 +178,17 @@ def _record_run(progress: Path | None, rows: list[dict], finished: dict) -> None
             handle.write(json.dumps({"curves": rows, "finished": finished}) + "\n")
 
 
+def read_progress(path: Path) -> list[dict]:
+    """The runs an interrupted experiment already finished: one JSON record a line (none if the file is absent)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def append_progress(path: Path, record: dict) -> None:
+    """One finished run's record, so that a rerun skips it."""
+    with path.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
 def runs_of(curves: list[dict], name: str) -> list[list[dict]]:
     """The per-step rows of variant ``name``, one list per seed."""
     seeds = sorted({row["seed"] for row in curves if row["run"] == name})

