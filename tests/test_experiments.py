@@ -76,6 +76,23 @@ def test_lognormal_effective_lr_against_sampling():
         assert length.lognormal_effective_lr(mean, std) == pytest.approx(samples.mean().item(), abs=5e-3)
 
 
+def test_length_correction_old_logprobs_mirror_the_engines_eos_suppression():
+    """With EOS suppressed the engine samples from pi renormalised without EOS: pi_old must be the same
+    distribution, log pi(y) - log(1 - pi(EOS)) at every token; without the mask it is the plain log pi(y)."""
+    torch = pytest.importorskip("torch")
+    length = _script("length_correction")
+    args = type("Args", (), dict(seed=0, vocab=64, width=64, layers=1, max_length=6, responses=3))()
+    policy = length.build_policy(args, 1.0)
+    ids = torch.randint(1, args.vocab, (3, length.PROMPT_TOKENS + 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = torch.log_softmax(policy(ids).logits[:, -7:-1].double(), -1)  # [3, 6, V]
+    plain = full.gather(-1, ids[:, -6:, None]).squeeze(-1)  # [3, 6]
+    renormalised = plain - torch.log1p(-full[..., length.EOS].exp())  # [3, 6]
+    assert length.old_logprobs(policy, ids, 6, mask_eos=False).double() == pytest.approx(plain, abs=1e-5)
+    masked = length.old_logprobs(policy, ids, 6, mask_eos=True).double()
+    assert masked == pytest.approx(renormalised, abs=1e-5)
+    assert (masked - plain).min() > 1e-3  # the correction is not lost in the tolerance
+
 def test_episode_shape_and_spread_by_hand():
     torch = pytest.importorskip("torch")
     episodes = _script("episodes")
