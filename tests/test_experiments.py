@@ -60,6 +60,9 @@ def test_length_correction_weights_by_hand():
     # length-normalised: log w = +0.5, -0.5, both within [1/2, 2]
     assert two["normalised_effective_lr"] == pytest.approx((math.exp(0.5) + math.exp(-0.5)) / 2, rel=1e-12)
     assert two["normalised_mis_kept"] == 1.0
+    assert two["normalised_outside_gspo_clip"] == 1.0  # both far outside GSPO's [1 - 3e-4, 1 + 4e-4]
+    near = length.correction_weights(torch.tensor([[3.5e-4, 3.5e-4], [-3.5e-4, -3.5e-4]], dtype=torch.float64), 2)
+    assert near["normalised_outside_gspo_clip"] == 0.5  # e^3.5e-4 inside the upper bound, e^-3.5e-4 below 1 - 3e-4
     four = length.correction_weights(d, 4, cap=2.0)  # log w = +3, -3 product; +0.75, -0.75 normalised
     assert four["product_effective_lr"] == pytest.approx((2 + math.exp(-3)) / 2, rel=1e-12)
     assert four["normalised_median"] == pytest.approx(math.exp(-0.75))  # torch's median of two: the lower

@@ -18,7 +18,9 @@ With TIS at the cap C = 2 (the project's default threshold) a response's gradien
 its mean over responses is the *effective learning rate* the correction leaves (1 = untouched; NeMo-RL reports
 the product form falling 10-50x at ~9k tokens). MIS keeps a response when ``1/C <= w <= C``: its kept
 fraction is the same for masking. The effective sample size ``(sum w)^2 / (N sum w^2)`` (of the uncapped weights)
-says how many responses the estimate really rests on.
+says how many responses the estimate really rests on. "Outside GSPO's clip range": the fraction of responses whose
+s_i would be clipped (outside [1 - 3e-4, 1 + 4e-4]) at the first update had GSPO taken its ratio against the
+engine's log-probs instead of the recomputed pi_old.
 
 Setups (``--setups``, each ``<name>@<logit scale>``):
 
@@ -168,6 +170,9 @@ def correction_weights(d: torch.Tensor, length: int, cap: float = CAP) -> dict[s
         out[f"{form}_effective_lr"] = weight.clamp(max=cap).mean().item()  # TIS: mean of min(w, C)
         out[f"{form}_mis_kept"] = ((weight >= 1 / cap) & (weight <= cap)).double().mean().item()
         out[f"{form}_ess"] = (weight.sum() ** 2 / (len(weight) * (weight**2).sum())).item()
+    # At the first update (pi_theta = pi_old) GSPO's s_i taken against the engine's log-probs is the normalised w
+    ratio = prefix.mean(-1).exp()  # [N]
+    out["normalised_outside_gspo_clip"] = ((ratio < 1 - GSPO_LOW) | (ratio > 1 + GSPO_HIGH)).double().mean().item()
     return out
 
 
@@ -207,14 +212,15 @@ def report(rows: list[dict], args) -> None:
     lines = [f"# python experiments/length_correction/run.py  ({common.machine()}; random Qwen3, width {args.width}, "
              f"{args.layers} layers, vocab {args.vocab}; {rows[0]['responses']} responses per setup; C = {CAP:g})", "",
              "| setup | L | log pi_old / token | d_t mean | d_t std | product: std log w | median w | effective lr "
-             "(TIS) | iid prediction | MIS kept | ESS | normalised: std log w | effective lr (TIS) | MIS kept |",
-             "|" + " --- |" * 14]  # fmt: skip
+             "(TIS) | iid prediction | MIS kept | ESS | normalised: std log w | effective lr (TIS) | MIS kept "
+             "| outside GSPO's clip range |", "|" + " --- |" * 15]  # fmt: skip
     for r in rows:
         lines.append(
             f"| {r['setup']} | {r['length']} | {r['old_logprob_mean']:.2f} | {r['token_mean']:+.1e} | {r['token_std']:.1e} "
             f"| {r['product_log_std']:.3f} | {r['product_median']:.3f} | {r['product_effective_lr']:.3f} "
             f"| {r['product_effective_lr_iid']:.3f} | {r['product_mis_kept']:.0%} | {r['product_ess']:.2f} "
-            f"| {r['normalised_log_std']:.1e} | {r['normalised_effective_lr']:.4f} | {r['normalised_mis_kept']:.0%} |"
+            f"| {r['normalised_log_std']:.1e} | {r['normalised_effective_lr']:.4f} | {r['normalised_mis_kept']:.0%} "
+            f"| {r['normalised_outside_gspo_clip']:.0%} |"
         )  # fmt: skip
     (args.out / "output.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
