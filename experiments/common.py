@@ -166,16 +166,13 @@ def run_variants(
 
 
 def _finished_runs(progress: Path | None) -> dict[tuple[str, int], dict]:
-    if progress is None or not progress.exists():
-        return {}
-    runs = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()]
+    runs = read_progress(progress) if progress is not None else []
     return {(run["finished"]["run"], run["finished"]["seed"]): run for run in runs}
 
 
 def _record_run(progress: Path | None, rows: list[dict], finished: dict) -> None:
     if progress is not None:
-        with progress.open("a") as handle:  # NaN is written as JSON's NaN token, which json.loads reads back
-            handle.write(json.dumps({"curves": rows, "finished": finished}) + "\n")
+        append_progress(progress, {"curves": rows, "finished": finished})
 
 
 def read_progress(path: Path) -> list[dict]:
@@ -184,7 +181,8 @@ def read_progress(path: Path) -> list[dict]:
 
 
 def append_progress(path: Path, record: dict) -> None:
-    """One finished run's record, so that a rerun skips it."""
+    """One finished run's record, so that a rerun skips it (NaN is written as JSON's NaN token, which
+    ``json.loads`` reads back)."""
     with path.open("a") as handle:
         handle.write(json.dumps(record) + "\n")
 
