@@ -62,6 +62,11 @@ class AsyncRollouts:
         return self.mode != "off"
 
     @property
+    def bound_setting(self) -> str:
+        """The setting, as a user writes it, that bounds how old a trained sample may be (``rounds_ahead``)."""
+        return "sampler.asynchronous." + ("max_staleness" if self.mode == "streaming" else "lag")
+
+    @property
     def rounds_ahead(self) -> int:
         """How many versions old a trained sample may be (0 when off): the lag, or the streaming bound."""
         if self.mode == "streaming":

@@ -358,7 +358,7 @@ class GroupSampler(Callback):
             "sampler.num_minibatches": self.num_minibatches,
             # the rounds sampled ahead (saved with the checkpoint) were drawn under these
             "sampler.asynchronous.mode": self.asynchronous.mode,
-            "sampler.asynchronous.lag": self.asynchronous.rounds_ahead,
+            self.asynchronous.bound_setting: self.asynchronous.rounds_ahead,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
