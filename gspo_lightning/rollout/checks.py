@@ -323,6 +323,6 @@ def check_asynchronous(datamodule: Any, correction_mode: str, asynchronous: Any)
     if correction_mode == "off":
         rank_zero_warn(
             f"sampler.asynchronous.mode={asynchronous.mode!r} with model.rollout_correction.mode: off: samples come "
-            f"from weights up to {asynchronous.rounds_ahead} version(s) older than pi_old (the proximal policy) and nothing "
-            "weighs that gap; set model.rollout_correction.mode: tis (or mis) to correct it"
+            f"from weights up to {asynchronous.rounds_ahead} version(s) older than pi_old (the proximal policy) and "
+            "nothing weighs that gap; set model.rollout_correction.mode: tis (or mis) to correct it"
         )

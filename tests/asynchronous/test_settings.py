@@ -13,7 +13,8 @@ from gspo_lightning.validation import SettingError
 
 def sampler(**asynchronous) -> GroupSampler:
     # VLLMProcessEngine starts nothing until setup: building the callback is cheap
-    return GroupSampler(rewards=[ExactAnswer()], engine=VLLMProcessEngine(), asynchronous=AsyncRollouts(**asynchronous))
+    settings = AsyncRollouts(**asynchronous)
+    return GroupSampler(rewards=[ExactAnswer()], engine=VLLMProcessEngine(), asynchronous=settings)
 
 
 @pytest.mark.parametrize(
