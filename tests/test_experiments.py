@@ -121,3 +121,46 @@ def test_call_bonus_pays_once_for_a_call_that_ran():
     assert first.reward == 0.2 and first.observation[0]["content"] == "36"
     assert environment.step(call).reward == 0.0  # once per episode
     assert environment.step("The answer is 36.").done
+
+
+def test_quickstart_landing_searches_the_warm_start_target_by_hand():
+    landing = _script("quickstart_landing")
+    probe = landing.Probe
+    assert landing.next_target([], 0.30) == 0.30  # no probe yet: the landing itself
+    assert landing.next_target([probe(0, 0.30, 0.32)], 0.30) is None  # 2 points off: within the tolerance (2.5)
+    assert landing.next_target([probe(0, 0.30, 0.328)], 0.30) == pytest.approx(0.272)  # 2.8 off: 2.8 lower
+    # one side only: the target moved by the distance still to go (0.40 - 0.20 = 0.20 up; 0.45 - 0.30 down)
+    assert landing.next_target([probe(0, 0.30, 0.20)], 0.40) == pytest.approx(0.50)
+    assert landing.next_target([probe(0, 0.30, 0.45)], 0.30) == pytest.approx(0.15)
+    # both sides: bisect the bracketing targets, whichever probe is nearer
+    bracket = [probe(0, 0.20, 0.18), probe(0, 0.30, 0.50), probe(0, 0.40, 0.60)]
+    assert landing.next_target(bracket, 0.35) == pytest.approx(0.25)
+    assert landing.next_target([probe(0, 0.300, 0.20), probe(0, 0.304, 0.50)], 0.35) is None  # too narrow
+    assert landing.next_target([probe(0, 1.0, 0.60)], 0.90) is None  # nothing stops it later than target 1
+    assert landing.closest(bracket, 0.52) == probe(0, 0.30, 0.50)
+    tie = [probe(0, 0.40, 0.75), probe(0, 0.30, 0.50)]
+    assert landing.closest(tie, 0.625) == probe(0, 0.30, 0.50)  # 12.5 points either side: the lower target
+    assert landing.closest([], 0.3) is None
+
+
+def test_quickstart_landing_judges_only_starts_within_25_to_45_percent():
+    landing = _script("quickstart_landing")
+    rows = [
+        {"run": "low", "accuracy_step0": 0.20, "accuracy_end": 0.30, "gain_points": 10.0},  # outside: not judged
+        {"run": "edge", "accuracy_step0": 0.25, "accuracy_end": 0.55, "gain_points": 30.0},  # exactly +30: passes
+        {"run": "slow", "accuracy_step0": 0.45, "accuracy_end": 0.70, "gain_points": 25.0},  # judged, fails
+        {"run": "high", "accuracy_step0": 0.46, "accuracy_end": 0.50, "gain_points": 4.0},  # outside
+    ]
+    assert [row["run"] for row in landing.failures(rows)] == ["slow"]
+    assert landing.verdict(rows) == (
+        "2 of 4 runs started within 25%-45% (25.0%-45.0%); they ended at 55.0%-70.0%, gaining +25.0 to +30.0 "
+        "points; below +30: slow"
+    )
+    assert landing.verdict(rows[:2]).endswith(": every one gained at least +30")
+    assert landing.verdict(rows[:1]) == "no run started within 25%-45%: nothing judged"
+    plans = landing.plans([0, 1], [0.25], [2])
+    assert [(p.name, p.landing, p.one_core) for p in plans] == [
+        ("forced 25%, seed 0", 0.25, False), ("forced 25%, seed 1", 0.25, False),
+        ("as configured, seed 0", None, False), ("as configured, seed 1", None, False),
+        ("one core, seed 2", None, True),
+    ]  # fmt: skip
