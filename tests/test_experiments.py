@@ -123,23 +123,24 @@ def test_call_bonus_pays_once_for_a_call_that_ran():
     assert environment.step("The answer is 36.").done
 
 
-def test_quickstart_landing_searches_the_warm_start_target_by_hand():
+def test_quickstart_landing_searches_the_warm_start_stop_by_hand():
     landing = _script("quickstart_landing")
     probe = landing.Probe
-    assert landing.next_target([], 0.30) == 0.30  # no probe yet: the landing itself
-    assert landing.next_target([probe(0, 0.30, 0.32)], 0.30) is None  # 2 points off: within the tolerance (2.5)
-    assert landing.next_target([probe(0, 0.30, 0.328)], 0.30) == pytest.approx(0.272)  # 2.8 off: 2.8 lower
-    # one side only: the target moved by the distance still to go (0.40 - 0.20 = 0.20 up; 0.45 - 0.30 down)
-    assert landing.next_target([probe(0, 0.30, 0.20)], 0.40) == pytest.approx(0.50)
-    assert landing.next_target([probe(0, 0.30, 0.45)], 0.30) == pytest.approx(0.15)
-    # both sides: bisect the bracketing targets, whichever probe is nearer
-    bracket = [probe(0, 0.20, 0.18), probe(0, 0.30, 0.50), probe(0, 0.40, 0.60)]
-    assert landing.next_target(bracket, 0.35) == pytest.approx(0.25)
-    assert landing.next_target([probe(0, 0.300, 0.20), probe(0, 0.304, 0.50)], 0.35) is None  # too narrow
-    assert landing.next_target([probe(0, 1.0, 0.60)], 0.90) is None  # nothing stops it later than target 1
-    assert landing.closest(bracket, 0.52) == probe(0, 0.30, 0.50)
-    tie = [probe(0, 0.40, 0.75), probe(0, 0.30, 0.50)]
-    assert landing.closest(tie, 0.625) == probe(0, 0.30, 0.50)  # 12.5 points either side: the lower target
+    assert landing.next_stop([], 0.30) == landing.FIRST_STOP  # no probe yet
+    assert landing.next_stop([probe(0, 440, 0.32)], 0.30) is None  # 2 points off: within the tolerance (2.5)
+    # one side only: a step per point still to go (2.8 points: 3 steps earlier; 20: 20 later), at most 40
+    assert landing.next_stop([probe(0, 440, 0.328)], 0.30) == 437
+    assert landing.next_stop([probe(0, 440, 0.20)], 0.40) == 460
+    assert landing.next_stop([probe(0, 400, 0.05)], 0.50) == 440
+    assert landing.next_stop([probe(0, 420, 0.05), probe(0, 400, 0.01)], 0.15) == 430  # from the nearest stop
+    assert landing.next_stop([probe(0, 20, 0.90)], 0.30) is None  # it cannot stop before step 1
+    # both sides: bisect the bracketing stops, whichever probe is nearer
+    bracket = [probe(0, 420, 0.18), probe(0, 440, 0.50), probe(0, 460, 0.60)]
+    assert landing.next_stop(bracket, 0.35) == 430
+    assert landing.next_stop([probe(0, 430, 0.20), probe(0, 431, 0.50)], 0.35) is None  # no step between
+    assert landing.closest(bracket, 0.52) == probe(0, 440, 0.50)
+    tie = [probe(0, 460, 0.75), probe(0, 440, 0.50)]
+    assert landing.closest(tie, 0.625) == probe(0, 440, 0.50)  # 12.5 points either side: the earlier stop
     assert landing.closest([], 0.3) is None
 
 

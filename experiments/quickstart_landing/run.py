@@ -2,22 +2,23 @@
 
     python experiments/quickstart_landing/run.py          # about an hour on 2 CPU cores
 
-Where the supervised warm start stops depends on floating-point rounding (it stops at the first check where its
-train-side greedy accuracy reaches ``target_accuracy``), so each machine starts RL from another held-out accuracy.
-This experiment forces the landing: for each of ``--landings`` (held-out greedy accuracy at RL step 0) it searches
-the warm start's ``target_accuracy``, checked every ``WARM_EVAL_EVERY`` steps instead of 20 so that it can stop at
-any point of the same training trajectory, with one-step probes (``--trainer.max_steps=1``) until step 0 lies
-within ``TOLERANCE`` of the landing; then it runs the full quick start (``configs/quickstart.yaml``, 2000 steps,
-everything else as configured) from that warm start. It also runs the quick start exactly as configured, and as
-configured on the slowest machine at hand: one torch thread pinned to one core (``OMP_NUM_THREADS=1``, core 0),
-whose numerics, hence landing, differ again.
+Where the supervised warm start stops depends on floating-point rounding (it stops at the first check, every 20
+steps, where its train-side greedy accuracy reaches ``target_accuracy: 0.3``), so each machine starts RL from
+another held-out accuracy. This experiment forces the landing: for each of ``--landings`` (held-out greedy accuracy
+at RL step 0) it searches the step at which the warm start stops (``eval_every=N`` with ``target_accuracy=0``: the
+first check, at step N, stops it; everything else, the learning-rate warm-up included, is the quick start's, so
+every stop lies on the quick start's own trajectory) with one-step probes (``--trainer.max_steps=1``) until step 0
+lies within ``TOLERANCE`` of the landing; then it runs the full quick start (``configs/quickstart.yaml``, 2000
+steps, everything else as configured) from that warm start. It also runs the quick start exactly as configured,
+and as configured on the slowest machine at hand: one torch thread pinned to one core (``OMP_NUM_THREADS=1``,
+core 0), whose numerics, hence landing, differ again.
 
 Each landing has its own warm-start cache (``GSPO_LIGHTNING_CACHE``) under ``--scratch``, so the user's cache is
 untouched and an interrupted experiment resumes: finished probes and runs are kept in ``progress.jsonl`` beside
 this file and skipped by a rerun (the file is removed once every run is done).
 
 Writes beside this file ``results.csv`` (one row per run: the warm start, held-out accuracy at step 0 and at the
-end, the gain, the time), ``probes.csv`` (each probe's target and landing), ``curves.csv`` (held-out accuracy,
+end, the gain, the time), ``probes.csv`` (each probe's stop and landing), ``curves.csv`` (held-out accuracy,
 reward and clip fraction by step), ``landing.png`` (when matplotlib is installed) and ``output.txt`` (the table).
 Exits 1 if a run that starts between 25% and 45% gains fewer than 30 points by its end.
 """
@@ -49,18 +50,20 @@ JUDGED = (0.25, 0.45)
 MIN_GAIN = 0.30
 TOLERANCE = 0.025
 """A probe hits a landing when its step-0 accuracy is within this of it."""
-WARM_EVAL_EVERY = 2
-"""The forced warm starts check their accuracy every 2 steps (the quick start: 20), so the target can stop them
-at almost any step; checking does not change the weights, so every stop lies on the quick start's trajectory."""
-MAX_PROBES = 7
+FIRST_STOP = 440
+"""The first probe's stop: where seed 0's warm start stops as configured on the machine of ``output.txt``."""
+STEPS_PER_POINT = 1.0
+"""How far a probe on one side of its landing moves the stop: about the slope of held-out accuracy near 30%."""
+MAX_MOVE = 40
+MAX_PROBES = 8
 POLICY = "--model.init_args.policy.init_args"
 
 
 class Probe(NamedTuple):
-    """One forced warm start: its ``target_accuracy`` and the held-out accuracy RL starts from."""
+    """One forced warm start: the step it stopped at and the held-out accuracy RL starts from."""
 
     seed: int
-    target: float
+    stop: int
     step0: float
 
 
@@ -74,33 +77,32 @@ class Plan(NamedTuple):
 
 
 def closest(probes: Sequence[Probe], landing: float) -> Probe | None:
-    """The probe whose step-0 accuracy is nearest ``landing`` (the lower target on a tie); None without probes."""
-    return min(probes, key=lambda p: (abs(p.step0 - landing), p.target), default=None)
+    """The probe whose step-0 accuracy is nearest ``landing`` (the earlier stop on a tie); None without probes."""
+    return min(probes, key=lambda p: (abs(p.step0 - landing), p.stop), default=None)
 
 
-def next_target(probes: Sequence[Probe], landing: float, tolerance: float = TOLERANCE) -> float | None:
-    """The ``target_accuracy`` to probe next for ``landing``, or None: a probe already lies within ``tolerance``,
-    or the bracket is too narrow (< 0.005) for another target to stop the warm start elsewhere.
+def next_stop(probes: Sequence[Probe], landing: float, tolerance: float = TOLERANCE) -> int | None:
+    """The warm-start step to probe next for ``landing``, or None: a probe already lies within ``tolerance``, or
+    the bracket holds no step between its two ends.
 
-    Without probes: the landing itself. With probes on both sides: the midpoint of the bracketing targets (the
-    stop, hence the landing, rises with the target). On one side only: that side's target moved by the distance
-    to the landing, kept within (0, 1].
+    Without probes: ``FIRST_STOP``. With probes on both sides: the midpoint of the bracketing stops (a later stop
+    lands higher). On one side only: that side's nearest stop moved towards the landing by ``STEPS_PER_POINT``
+    steps per point of accuracy still to go (at least 1, at most ``MAX_MOVE``; never before step 1).
     """
     best = closest(probes, landing)
     if best is None:
-        return landing
+        return FIRST_STOP
     if abs(best.step0 - landing) <= tolerance:
         return None
-    below = [p.target for p in probes if p.step0 < landing]
-    above = [p.target for p in probes if p.step0 > landing]
+    below = [p for p in probes if p.step0 < landing]
+    above = [p for p in probes if p.step0 > landing]
     if below and above:
-        low, high = max(below), min(above)
-        return None if high - low < 0.005 else round((low + high) / 2, 4)
-    if below:
-        step = max(below)
-        return None if step >= 1.0 else round(min(1.0, step + (landing - best.step0)), 4)
-    step = min(above)
-    return None if step <= 0.005 else round(max(0.005, step - (best.step0 - landing)), 4)
+        low, high = max(p.stop for p in below), min(p.stop for p in above)
+        return None if high - low <= 1 else (low + high) // 2
+    nearest = max(below, key=lambda p: p.stop) if below else min(above, key=lambda p: p.stop)
+    move = min(MAX_MOVE, max(1, round(100 * abs(landing - nearest.step0) * STEPS_PER_POINT)))
+    stop = nearest.stop + move if below else nearest.stop - move
+    return None if stop < 1 else stop
 
 
 def is_judged(step0: float) -> bool:
@@ -138,8 +140,9 @@ def one_core(active: bool) -> Iterator[None]:
             os.environ["OMP_NUM_THREADS"] = threads
 
 
-def _forced_flags(seed: int, target: float) -> list[str]:
-    return [*common.seed_overrides(seed), f"{POLICY}.target_accuracy={target}", f"{POLICY}.eval_every={WARM_EVAL_EVERY}"]
+def _forced_flags(seed: int, stop: int) -> list[str]:
+    """The quick start with its warm start stopped at step ``stop`` (its first check, which any accuracy passes)."""
+    return [*common.seed_overrides(seed), f"{POLICY}.target_accuracy=0.0", f"{POLICY}.eval_every={stop}"]
 
 
 def _fresh(path: Path) -> Path:
@@ -147,23 +150,27 @@ def _fresh(path: Path) -> Path:
     return path
 
 
-def probe(seed: int, target: float, scratch: Path) -> Probe:
-    """Train the warm start for ``target`` into its own cache and measure held-out accuracy at RL step 0."""
-    where = scratch / f"seed{seed}-target{target:.4f}"
-    result = common.run_fit(_fresh(where / "probe"), [*_forced_flags(seed, target), "--trainer.max_steps=1"],
+def _folder(scratch: Path, seed: int, stop: int) -> Path:
+    return scratch / f"seed{seed}-stop{stop}"
+
+
+def probe(seed: int, stop: int, scratch: Path) -> Probe:
+    """Train the warm start to step ``stop`` into its own cache and measure held-out accuracy at RL step 0."""
+    where = _folder(scratch, seed, stop)
+    result = common.run_fit(_fresh(where / "probe"), [*_forced_flags(seed, stop), "--trainer.max_steps=1"],
                             where / "cache")  # fmt: skip
-    return Probe(seed, target, result["steps"][0]["eval/accuracy"])
+    return Probe(seed, stop, result["steps"][0]["eval/accuracy"])
 
 
 def find_landing(plan: Plan, probes: list[Probe], scratch: Path) -> Probe:
-    """Probe targets (recording each in ``probes`` and the progress file) until one lands within the tolerance."""
+    """Probe stops (recording each in ``probes`` and the progress file) until one lands within the tolerance."""
     mine = [p for p in probes if p.seed == plan.seed]
     for _ in range(MAX_PROBES):
-        target = next_target(mine, plan.landing)
-        if target is None or any(p.target == target for p in mine):
+        stop = next_stop(mine, plan.landing)
+        if stop is None or any(p.stop == stop for p in mine):
             break
-        found = probe(plan.seed, target, scratch)
-        print(f"probe: seed {found.seed}, target_accuracy {found.target} -> step 0 {found.step0:.1%}", flush=True)
+        found = probe(plan.seed, stop, scratch)
+        print(f"probe: seed {found.seed}, warm start stopped at step {stop} -> step 0 {found.step0:.1%}", flush=True)
         mine.append(found)
         probes.append(found)
         common.append_progress(PROGRESS, {"probe": found._asdict()})
@@ -179,12 +186,12 @@ def warm_start_report(cache: Path) -> dict:
 def run_plan(plan: Plan, probes: list[Probe], scratch: Path) -> dict:
     """One full quick start: the summary row, with its per-step ``curves``."""
     if plan.landing is None:
-        target, flags = None, common.seed_overrides(plan.seed)
+        rule, flags = "target 30%", common.seed_overrides(plan.seed)
         cache = _fresh(scratch / plan.name.replace(", ", "-").replace(" ", "_") / "cache")  # trained in the run
     else:
         chosen = find_landing(plan, probes, scratch)
-        target, cache = chosen.target, scratch / f"seed{plan.seed}-target{chosen.target:.4f}/cache"
-        flags = _forced_flags(plan.seed, target)
+        rule, cache = f"step {chosen.stop}", _folder(scratch, plan.seed, chosen.stop) / "cache"
+        flags = _forced_flags(plan.seed, chosen.stop)
     load = os.getloadavg()[0]
     with one_core(plan.one_core):
         result = common.run_fit(_fresh(cache.parent / f"run-{'one-core' if plan.one_core else 'cores'}"), flags, cache)
@@ -194,7 +201,7 @@ def run_plan(plan: Plan, probes: list[Probe], scratch: Path) -> dict:
     fit_seconds = round(result["seconds"], 1)
     return {
         "run": plan.name, "seed": plan.seed, "landing": plan.landing if plan.landing is not None else math.nan,
-        "one_core": plan.one_core, "target_accuracy": target if target is not None else 0.3, **warm,
+        "one_core": plan.one_core, "warm_start_rule": rule, **warm,
         "accuracy_step0": evaluations[0][1], "accuracy_end": evaluations[-1][1],
         "accuracy_best": max(a for _, a in evaluations), "steps": evaluations[-1][0],
         "gain_points": round(100 * (evaluations[-1][1] - evaluations[0][1]), 1), "fit_seconds": fit_seconds,
@@ -207,7 +214,7 @@ def run_plan(plan: Plan, probes: list[Probe], scratch: Path) -> dict:
 
 
 COLUMNS = {
-    "run": "{run}", "warm start: target, steps": "{target_accuracy:g}, {warm_start_steps}",
+    "run": "{run}", "warm start stops at": "{warm_start_rule} ({warm_start_steps})",
     "step 0": "{accuracy_step0:.1%}", "end": "{accuracy_end:.1%}", "best": "{accuracy_best:.1%}",
     "gain (points)": "{gain_points:+.1f}", "run s": "{fit_seconds:.0f}", "cold-cache s": "{cold_seconds:.0f}",
     "load": "{load_before:.1f}",
