@@ -50,8 +50,10 @@ class GSPOModule(pl.LightningModule):
     """Trains a Hugging Face causal LM with GSPO (Eqs. 5, 7) or a relative (GSPO-token, GRPO, DAPO, Dr. GRPO).
 
     Args:
-        policy: how to build the policy and its tokenizer (``Pretrained``, ``TinyQwen3``,
-            ``WarmStartedTinyQwen3`` or your own ``PolicyLoader``).
+        policy: how to build the policy and its tokenizer: a loader of ``gspo_lightning.models`` (``Pretrained``,
+            ``TinyQwen3``, ``TinyQwen3Moe``, ``LoRA``), a task's warm-started tiny policy of
+            ``gspo_lightning.data`` (``WarmStartedTinyQwen3`` and its Countdown, scratchpad and calculator
+            siblings), or your own ``PolicyLoader``.
         objective: a registered objective's name (``gspo``, ``gspo_token``, ``grpo``, ``dapo``, ``dr_grpo``,
             ``cispo``, ``gmpo``, ``sapo``; see ``gspo_lightning.objectives.OBJECTIVES``) or a spec
             ``{name, kl_coef, kl_estimator, kl_in, options}`` (see ``ObjectiveSpec``).

@@ -64,7 +64,7 @@ def check_sampler_module(module: Any) -> SamplerModule:
     if missing:
         raise SettingError(
             f"GroupSampler needs the LightningModule ({type(module).__name__}) to have {', '.join(missing)}: see "
-            "gspo_lightning.rollout.contract.SamplerModule (README, 'Reusing the sampler callback')"
+            "gspo_lightning.rollout.contract.SamplerModule (docs/reuse.md)"
         )
     return module
 

@@ -195,15 +195,15 @@ def test_dynamic_sampling_refills_episode_groups(parts):
     assert torch.all(rollout.turn_index[rollout.response_attention == 0] == -1)
 
 
-def test_the_readmes_environment_runs_as_written(parts):
-    """The README's ``GuessNumber`` example, executed from the README itself, in a round."""
+def test_the_docs_environment_runs_as_written(parts):
+    """The ``GuessNumber`` example of ``docs/episodes.md``, executed from the page itself, in a round."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Multi-turn episodes", 1)[1]
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "episodes.md").read_text()
+    section = readme.split("# Multi-turn episodes", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the project's own README
+    exec(compile(code, "docs/episodes.md", "exec"), namespace)  # noqa: S102 - the project's own docs
     policy, tokenizer = parts
 
     def search(context):  # "U:Guess my number, 1 to 8.\nA:4<eos>U:lower\nA:..."
