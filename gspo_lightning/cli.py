@@ -166,7 +166,7 @@ def command_line() -> None:
     try:
         main()
     except ArgumentError as error:
-        _exit_with(error, describe_argument_error(str(error), GROUPS), status=2)
+        _exit_with(error, describe_argument_error(str(error), GROUPS, sys.argv[1:]), status=2)
     except UserError as error:
         _exit_with(error, one_line(error))
     finally:

@@ -11,8 +11,11 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import pkgutil
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+from gspo_lightning.cli_sources import as_written, setting_holding
 
 MOVED_SETTINGS = {
     "model.init_args.lr": "optimizer.init_args.lr (optimizer: {class_path: torch.optim.AdamW, init_args: {lr: ...}})",
@@ -39,6 +42,10 @@ TOP_LEVEL_SETTINGS = ("seed_everything", "ckpt_path", "optimizer", "lr_scheduler
 """Top-level keys besides the groups of classes."""
 _UNION_ERROR = "Does not validate against any of the Union subtypes"
 _EXPECTED = re.compile(r"Expected a <class '(\w+)'>\. Got value: (.*)")
+_MISSING_CONFIG = re.compile(r"Parser key \"config\": File does not exist: '([^']+)'")
+_NO_MODULE = re.compile(r"No module named '([^']+)'")
+_NO_ATTRIBUTE = re.compile(r"module '([^']+)' has no attribute '([^']+)'")
+_CLASS_PATHS = re.compile(r"class_path '([\w.]+)'|class_path='([\w.]+)'|Got value: ([\w]+(?:\.[\w]+)+)\s*$", re.M)
 
 
 def one_line(error: Exception) -> str:
@@ -53,9 +60,16 @@ def one_line(error: Exception) -> str:
     return message.strip().splitlines()[0] if message.strip() else type(error).__name__
 
 
-def describe_argument_error(message: str, groups: dict[str, type]) -> str:
+def describe_argument_error(message: str, groups: dict[str, type], args: Sequence[str] = ()) -> str:
     """One line for a jsonargparse parsing error ``message``; ``groups`` maps each top-level key to the class its
-    settings go to (``sampler`` -> ``GroupSampler``), for "did you mean"."""
+    settings go to (``sampler`` -> ``GroupSampler``), for "did you mean"; ``args``, the command line, to name a
+    config file or a setting as the user wrote it."""
+    missing = _MISSING_CONFIG.search(message)
+    if missing:
+        return f"config file '{as_written(missing[1], args)}' does not exist"
+    failed_import = import_failure(message, args)
+    if failed_import is not None:
+        return failed_import
     unknown = _unknown_setting(message)
     if unknown is not None:
         setting, owner = unknown
@@ -139,3 +153,51 @@ def _import(path: str) -> type | None:
     except (ImportError, AttributeError, ValueError):
         return None
     return found if inspect.isclass(found) else None
+
+
+def import_failure(message: str, args: Sequence[str] = ()) -> str | None:
+    """One line for a ``class_path`` (or function path) the parser could not import: the setting as written in
+    ``args``, the path, why, and the closest names the module does have; None when ``message`` is about
+    something else."""
+    no_module, no_attribute = _NO_MODULE.search(message), _NO_ATTRIBUTE.search(message)
+    if no_module is None and no_attribute is None:
+        return None
+    paths = [next(group for group in match if group) for match in _CLASS_PATHS.findall(message)]
+    if no_attribute is not None:
+        module, name = no_attribute[1], no_attribute[2]
+        path = next((p for p in reversed(paths) if p.startswith(f"{module}.{name}")), f"{module}.{name}")
+        why = f"module {module} has no attribute {name}{_did_you_mean(module, name)}"
+    else:
+        module = no_module[1]
+        path = next((p for p in reversed(paths) if p == module or p.startswith(f"{module}.")), None)
+        if path is None:  # the module was found, and failed importing a dependency of its own
+            path = paths[-1] if paths else module
+            why = f"importing it failed: No module named '{module}' (install it)"
+        else:
+            why = f"no module named {module}{_module_hint(module)}"
+    setting = setting_holding(path, args) or _parser_setting(message)
+    return f"{setting}: cannot import {path}: {why}"
+
+
+def _did_you_mean(module: str, name: str) -> str:
+    """"; did you mean module.X?" among the module's public names and its submodules, or ""."""
+    try:
+        found = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - only a hint
+        return ""
+    names = {n for n in dir(found) if not n.startswith("_")}
+    names |= {info.name for info in pkgutil.iter_modules(getattr(found, "__path__", []))}
+    close = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(f'{module}.{c}' for c in close)}?" if close else ""
+
+
+def _module_hint(module: str) -> str:
+    parent, _, name = module.rpartition(".")
+    if parent:
+        return _did_you_mean(parent, name) or f" (module {parent} has no submodule {name})"
+    return " (not installed, and not on PYTHONPATH: run from the folder that holds it, or pip install it)"
+
+
+def _parser_setting(message: str) -> str:
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    return _nested_key(keys) if keys else "class_path"

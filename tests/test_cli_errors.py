@@ -12,6 +12,7 @@ import pytest
 
 from gspo_lightning.cli import command_line
 from gspo_lightning.cli_errors import MOVED_SETTINGS
+from gspo_lightning.cli_sources import setting_holding
 from tests.conftest import TINY
 from tests.test_cli import ROOT
 
@@ -51,6 +52,20 @@ MISTAKES = [
     ([TINY_POLICY, _loaded_from("questions.jsonl")], 1,
      "sampler.rewards: ExactAnswer reads the column(s) ['answer'], which the 'train' split of 'questions.jsonl' does "
      "not have; available columns: ['question'] (set the reward's column option, or use another data set)"),
+    # a class or function path that cannot be imported: the setting as written, the path, why, the closest names
+    (["--sampler.episodes={environment: {class_path: tests.episodes.envs.Countin}}"], 2,
+     "sampler.episodes.environment: cannot import tests.episodes.envs.Countin: module tests.episodes.envs has no "
+     "attribute Countin; did you mean tests.episodes.envs.Counting?"),
+    (["--sampler.episodes={environment: {class_path: no_such_package.games.Guess}}"], 2,
+     "sampler.episodes.environment: cannot import no_such_package.games.Guess: no module named no_such_package (not "
+     "installed, and not on PYTHONPATH: run from the folder that holds it, or pip install it)"),
+    (["--sampler.rewards=[gspo_lightning.rewards.ExactAnswer, gspo_lightning.rewards.ExactAnswr]",
+      "--sampler.reward_weights=[1, 1]"], 2,
+     "sampler.rewards[1]: cannot import gspo_lightning.rewards.ExactAnswr: module gspo_lightning.rewards has no "
+     "attribute ExactAnswr; did you mean gspo_lightning.rewards.ExactAnswer or gspo_lightning.rewards.MathAnswer?"),
+    (["--sampler.engine={class_path: gspo_lightning.engine.HFEngine}"], 2,
+     "sampler.engine: cannot import gspo_lightning.engine.HFEngine: module gspo_lightning has no attribute engine; "
+     "did you mean gspo_lightning.engines?"),
 ]  # fmt: skip
 
 
@@ -79,10 +94,15 @@ YAML_MISTAKES = [
      "(gspo_lightning.data.arithmetic_warm_start.WarmStartedTinyQwen3); did you mean num_digits?"),
     ("sampler:\n  group_sise: 4\n",
      "unknown setting sampler.group_sise (gspo_lightning.rollout.sampler.GroupSampler); did you mean group_size?"),
+    # a class path inside a class's init_args, named with the init_args the file has
+    ("model:\n  init_args:\n    policy:\n      class_path: gspo_lightning.data.WarmStartedTinyQwen\n",
+     "model.init_args.policy: cannot import gspo_lightning.data.WarmStartedTinyQwen: module gspo_lightning.data has "
+     "no attribute WarmStartedTinyQwen; did you mean gspo_lightning.data.WarmStartedTinyQwen3 or "
+     "gspo_lightning.data.CountdownWarmStartedTinyQwen3 or gspo_lightning.data.ScratchpadWarmStartedTinyQwen3?"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("text", "line"), YAML_MISTAKES, ids=["moved", "nested typo", "typo"])
+@pytest.mark.parametrize(("text", "line"), YAML_MISTAKES, ids=["moved", "nested typo", "typo", "class path"])
 def test_a_mistake_in_a_yaml_file_is_one_line_naming_the_key(text, line, tmp_path, monkeypatch, capsys):
     config = tmp_path / "mine.yaml"
     config.write_text(text)
@@ -118,3 +138,30 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
                                       "--trainer.enable_progress_bar=false"])  # fmt: skip
     with pytest.raises(ZeroDivisionError, match="a bug"):
         command_line()
+
+
+@pytest.mark.parametrize("written", ["missing.yaml", "configs/../missing.yaml"])
+def test_a_config_file_that_does_not_exist_is_named_as_written(written, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    monkeypatch.setattr(sys, "argv", ["gspo_lightning", "fit", "-c", QUICKSTART, "--config", written])
+    with pytest.raises(SystemExit) as exit_:
+        command_line()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: config file '{written}' does not exist"]
+
+
+def test_a_setting_is_found_where_the_user_wrote_it(tmp_path):
+    config = tmp_path / "mine.yaml"
+    config.write_text("sampler:\n  rewards:\n    - class_path: my.Reward\n  episodes:\n    tools: [my.tool]\n")
+    args = ["fit", "-c", str(config), "--model.init_args.policy.class_path=my.Policy", "--sampler.engine", "hf"]
+    assert setting_holding("my.Reward", args) == "sampler.rewards[0]"
+    assert setting_holding("my.tool", args) == "sampler.episodes.tools[0]"
+    assert setting_holding("my.Policy", args) == "model.init_args.policy"
+    assert setting_holding("hf", args) == "sampler.engine"
+    assert setting_holding("elsewhere.Thing", args) is None
+    # a later source overrides an earlier one: the setting that applies is named
+    assert setting_holding("my.Reward", [*args, "--sampler.rewards=[my.Reward]"]) == "sampler.rewards[0]"
+    assert setting_holding("my.Reward", [*args, "--data.init_args.source.class_path=my.Reward"]) == (
+        "data.init_args.source"
+    )
