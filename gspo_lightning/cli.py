@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from gspo_lightning.callbacks import CheckpointOnPreemption, ExportPolicy, LogCompletions, NonFiniteGuard
 from gspo_lightning.cli_errors import describe_argument_error, one_line
+from gspo_lightning.cli_help import DESCRIPTION, FIT_USAGE, MAIN_SETTINGS, HelpFormatter, main_settings_text, program_name
 from gspo_lightning.console import StepProgressBar, quiet_library_noise
 from gspo_lightning.data import PromptDataModule
 from gspo_lightning.module import GSPOModule
@@ -197,8 +198,11 @@ def main(args: list[str] | None = None, run: bool = True) -> GSPOCLI:
 
 def _parser_kwargs(subcommands: bool) -> dict[str, Any]:
     """omegaconf interpolation, and base.yaml read first (the trainer's logging and checkpointing, which a task
-    config then only overrides), by every subcommand's parser, or the one parser without subcommands."""
+    config then only overrides), by every subcommand's parser, or the one parser without subcommands; ``fit``'s
+    help opening with the main settings (:mod:`gspo_lightning.cli_help`)."""
     # exit_on_error=False: a parsing error reaches command_line as an exception, printed as one line
     base = {"default_config_files": [str(BASE_CONFIG)], "exit_on_error": False}
-    per_parser = {name: base for name in LightningCLI.subcommands()} if subcommands else base
-    return {"parser_mode": "omegaconf", "exit_on_error": False, **per_parser}
+    fit_help = {"usage": FIT_USAGE, "description": main_settings_text(MAIN_SETTINGS)}
+    per_parser = {name: base | (fit_help if name == "fit" else {}) for name in LightningCLI.subcommands()}
+    main_parser = {"prog": program_name(), "description": DESCRIPTION, "formatter_class": HelpFormatter}
+    return {**main_parser, "parser_mode": "omegaconf", "exit_on_error": False, **(per_parser if subcommands else base)}

@@ -45,7 +45,9 @@ _EXPECTED = re.compile(r"Expected a <class '(\w+)'>\. Got value: (.*)")
 _MISSING_CONFIG = re.compile(r"Parser key \"config\": File does not exist: '([^']+)'")
 _NO_MODULE = re.compile(r"No module named '([^']+)'")
 _NO_ATTRIBUTE = re.compile(r"module '([^']+)' has no attribute '([^']+)'")
-_CLASS_PATHS = re.compile(r"class_path '([\w.]+)'|class_path='([\w.]+)'|Got value: ([\w]+(?:\.[\w]+)+)\s*$", re.M)
+_CLASS_PATHS = re.compile(
+    r"class_path '([\w.]+)'|class_path='([\w.]+)'|Got value: ([\w]+(?:\.[\w]+)+)\s*$", re.MULTILINE
+)
 
 
 def one_line(error: Exception) -> str:
