@@ -20,7 +20,14 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from gspo_lightning.callbacks import CheckpointOnPreemption, ExportPolicy, LogCompletions, NonFiniteGuard
 from gspo_lightning.cli_errors import describe_argument_error, one_line
-from gspo_lightning.cli_help import DESCRIPTION, FIT_USAGE, MAIN_SETTINGS, HelpFormatter, main_settings_text, program_name
+from gspo_lightning.cli_help import (
+    DESCRIPTION,
+    FIT_USAGE,
+    MAIN_SETTINGS,
+    HelpFormatter,
+    main_settings_text,
+    program_name,
+)
 from gspo_lightning.console import StepProgressBar, quiet_library_noise
 from gspo_lightning.data import PromptDataModule
 from gspo_lightning.module import GSPOModule
