@@ -33,7 +33,7 @@ from gspo_lightning.data import PromptDataModule
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.process_group import close_process_group
 from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
-from gspo_lightning.run_dirs import resolve_resume
+from gspo_lightning.run_dirs import new_run_folder, remove_if_nothing_of_value, resolve_resume
 from gspo_lightning.validation import SettingError, UserError
 
 BASE_CONFIG = Path(__file__).with_name("base.yaml")
@@ -121,6 +121,16 @@ class GSPOCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, ImportError) as error:  # a bad setting, or an optional dependency it needs
             raise ConfigError(one_line(error)) from error
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """The subcommand, and on failure (an error, Ctrl-C) the run folder removed again when this run created it
+        and wrote nothing of value into it (see :mod:`gspo_lightning.run_dirs`)."""
+        created = new_run_folder(self.trainer)
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            remove_if_nothing_of_value(created)
+            raise
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Lightning's trainer, with rich's progress bar counting optimizer steps when rich is installed."""

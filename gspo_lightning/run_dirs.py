@@ -6,11 +6,18 @@ folder of the *new* run, which a fresh ``version_<n+1>`` has empty: it warns and
 ``--ckpt_path last`` means the newest ``version_<n>`` of the configured run that holds a ``last.ckpt``, and a
 resumed run (``last`` or a path inside such a folder) logs into that same ``version_<n>``, so its history stays
 in one place. Asked to resume with nothing to resume from, the run stops with an error instead.
+
+A run that fails before it has written anything of value (a setting refused at fit start, a data error, Ctrl-C
+during the warm start) leaves no empty ``version_<n>`` behind: the command line notes the folder before the fit
+creates it (:func:`new_run_folder`) and removes it again when the run fails and the folder holds nothing but its
+``config.yaml`` (:func:`holds_nothing_of_value`). A folder that existed before the run (a resumed run's) is never
+removed.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +115,45 @@ def _checkpoint_dirpath(trainer: Any) -> str | None:
         if str(getattr(callback, "class_path", "")).endswith("ModelCheckpoint"):
             return getattr(callback.init_args, "dirpath", None)
     return None
+
+
+SETUP_FILES = ("config.yaml", "hparams.yaml")
+"""What a run writes into its folder before it has trained or logged anything."""
+_LOG_FILES = {".csv": 1, ".jsonl": 0}
+"""Log files by suffix, and how many lines one holds before its first record (a CSV's header)."""
+
+
+def holds_nothing_of_value(folder: str | Path) -> bool:
+    """True when every file under ``folder`` is a setup file (``config.yaml``, ``hparams.yaml``) or a log file
+    with no record yet: no checkpoint, no metrics, no completions, nothing a user would miss."""
+    for path in Path(folder).rglob("*"):
+        if path.is_dir() or path.name in SETUP_FILES:
+            continue
+        header = _LOG_FILES.get(path.suffix)
+        if header is None or len([line for line in path.read_bytes().splitlines() if line.strip()]) > header:
+            return False
+    return True
+
+
+def new_run_folder(trainer: Any) -> Path | None:
+    """The outermost folder the fit will create for the trainer's first logger (``version_<n>``, or ``runs/<name>``
+    or ``runs`` when those do not exist yet), on rank 0 (the rank that writes it); None when the run's folder
+    exists already (a resumed run's) or on other ranks. Read before the fit starts: the logger creates it then."""
+    loggers = getattr(trainer, "loggers", None) or []
+    if not loggers or getattr(trainer, "global_rank", 0) != 0 or not getattr(loggers[0], "log_dir", None):
+        return None
+    folder = Path(loggers[0].log_dir).absolute()
+    if folder.exists():
+        return None
+    while not folder.parent.exists():
+        folder = folder.parent
+    return folder
+
+
+def remove_if_nothing_of_value(folder: Path | None) -> bool:
+    """Remove ``folder`` (what :func:`new_run_folder` found this run would create) when it holds nothing of value;
+    True when removed."""
+    if folder is None or not folder.is_dir() or not holds_nothing_of_value(folder):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
