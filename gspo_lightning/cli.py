@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import sys
 import time
@@ -17,9 +16,10 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from gspo_lightning.callbacks import CheckpointOnPreemption, ExportPolicy, LogCompletions, NonFiniteGuard
-from gspo_lightning.cli_errors import describe_argument_error, one_line
+from gspo_lightning.cli_errors import describe_argument_error, one_line, user_code_report
 from gspo_lightning.cli_help import (
     DESCRIPTION,
     FIT_USAGE,
@@ -28,12 +28,15 @@ from gspo_lightning.cli_help import (
     main_settings_text,
     program_name,
 )
-from gspo_lightning.console import StepProgressBar, quiet_library_noise
+from gspo_lightning.console import configure_console
 from gspo_lightning.data import PromptDataModule
+from gspo_lightning.interrupt import STOPPED_BY_CTRL_C, StopOnInterrupt
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.process_group import close_process_group
+from gspo_lightning.progress import RunRecord, progress_bar
 from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
 from gspo_lightning.run_dirs import new_run_folder, remove_if_nothing_of_value, resolve_resume
+from gspo_lightning.summary import RunOutcome, resume_command, rollout_mode, summary_text
 from gspo_lightning.validation import SettingError, UserError
 
 BASE_CONFIG = Path(__file__).with_name("base.yaml")
@@ -123,70 +126,102 @@ class GSPOCLI(LightningCLI):
             raise ConfigError(one_line(error)) from error
 
     def _run_subcommand(self, subcommand: str) -> None:
-        """The subcommand, and on failure (an error, Ctrl-C) the run folder removed again when this run created it
-        and wrote nothing of value into it (see :mod:`gspo_lightning.run_dirs`)."""
+        """The subcommand; on failure (an error, Ctrl-C) the run folder removed again when this run created it and
+        wrote nothing of value into it (see :mod:`gspo_lightning.run_dirs`); a run stopped by Ctrl-C or SIGTERM
+        ends with the summary, where it stopped and how to resume it (Ctrl-C: exit status 130)."""
         created = new_run_folder(self.trainer)
         try:
             super()._run_subcommand(subcommand)
-        except BaseException:
+        except BaseException as error:
             remove_if_nothing_of_value(created)
+            stopped_by = _stopped_by(error, self._stopper.interrupted)
+            if subcommand != "fit" or stopped_by is None:
+                raise
+            self.after_fit(stopped_by)
+            if stopped_by == "Ctrl-C":
+                sys.exit(STOPPED_BY_CTRL_C)
             raise
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """Lightning's trainer, with rich's progress bar counting optimizer steps when rich is installed."""
+        """Lightning's trainer, with the console's record of the run, Ctrl-C stopping at a step's end with a
+        checkpoint (:mod:`gspo_lightning.interrupt`) and a progress bar counting optimizer steps: rich's on a
+        terminal, a line every 30 s otherwise (:mod:`gspo_lightning.progress`)."""
         trainer = self.config_init[self.subcommand].trainer if self.subcommand else self.config_init.trainer
-        callbacks = trainer.get("callbacks") or []
-        wanted = trainer.get("enable_progress_bar") is not False and importlib.util.find_spec("rich") is not None
+        self._record, self._stopper = RunRecord(), StopOnInterrupt()
+        callbacks = [*(trainer.get("callbacks") or []), self._record, self._stopper]
+        wanted = trainer.get("enable_progress_bar") is not False
         if wanted and not any(isinstance(callback, ProgressBar) for callback in callbacks):
-            trainer.callbacks = [*callbacks, StepProgressBar()]
+            callbacks.append(progress_bar(self._record))
+        trainer.callbacks = callbacks
         return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
         self._fit_started = time.perf_counter()
+        sampler = next(c for c in self.trainer.callbacks if isinstance(c, GroupSampler))
+        if sampler.asynchronous.enabled and rank_zero_only.rank == 0:
+            print(f"rollouts: {rollout_mode(sampler.asynchronous)}", flush=True)
 
-    def after_fit(self) -> None:
-        summary = self.summary(time.perf_counter() - self._fit_started)  # every rank: log_dir is a collective
+    def after_fit(self, stopped_by: str | None = None) -> None:
+        # every rank: log_dir is a collective
+        outcome = self.outcome(time.perf_counter() - self._fit_started, stopped_by)
         if rank_zero_only.rank == 0:
-            print(summary, flush=True)
+            print(summary_text(outcome), flush=True)
 
-    def summary(self, seconds: float) -> str:
-        """What a user wants to know when the run ends: did it learn, and where are the files."""
+    def outcome(self, seconds: float, stopped_by: str | None = None) -> RunOutcome:
+        """What the summary reports: did it learn, where are the files, and where a stopped run stopped."""
         trainer = self.trainer
         evaluation = next(c for c in trainer.callbacks if isinstance(c, HeldOutEvaluation))
         export = next(c for c in trainer.callbacks if isinstance(c, ExportPolicy))
+        preemption = next((c for c in trainer.callbacks if isinstance(c, CheckpointOnPreemption)), None)
+        sampler = next(c for c in trainer.callbacks if isinstance(c, GroupSampler))
         checkpoint = trainer.checkpoint_callback
-        lines = ["", "=== gspo_lightning run summary ==="]
-        if evaluation.history:
-            (first_step, first), (last_step, last) = evaluation.history[0], evaluation.history[-1]
-            lines.append(
-                f"{evaluation.description}: {first:.1%} (step {first_step}) -> {last:.1%} (step {last_step}), "
-                f"{(last - first) * 100:+.1f} points"
-            )
-        lines.append(f"optimizer steps: {trainer.global_step}   time: {seconds:.0f} s")
-        lines.append(f"logs: {trainer.log_dir}")
-        if isinstance(checkpoint, ModelCheckpoint) and checkpoint.last_model_path:
-            lines.append(f"last checkpoint: {checkpoint.last_model_path}")
-        if export.exported_to:
-            lines.append(f"exported policy (from_pretrained): {export.exported_to}")
-        return "\n".join(lines)
+        newest = preemption.saved_to if preemption is not None and preemption.saved_to else None
+        if newest is None and isinstance(checkpoint, ModelCheckpoint) and checkpoint.last_model_path:
+            newest = checkpoint.last_model_path
+        return RunOutcome(
+            progress=self._record.progress(trainer),
+            seconds=seconds,
+            log_dir=trainer.log_dir,
+            checkpoint=newest,
+            exported_to=export.exported_to,
+            evaluation=evaluation.description,
+            history=list(evaluation.history),
+            asynchronous=sampler.asynchronous,
+            stopped_by=stopped_by,
+            resume=resume_command(program_name(), sys.argv[1:]) if stopped_by else None,
+        )
+
+
+def _stopped_by(error: BaseException, interrupted: bool) -> str | None:
+    """``Ctrl-C`` or ``SIGTERM`` when ``error`` is how Lightning ends a run stopped by one, else None."""
+    if interrupted or isinstance(error, KeyboardInterrupt) or isinstance(error.__context__, KeyboardInterrupt):
+        return "Ctrl-C"  # the first one (a SIGTERMException), or a second one or one before training started
+    return "SIGTERM" if isinstance(error, SIGTERMException) else None
 
 
 def command_line() -> None:
     """``python -m gspo_lightning`` and ``gspo-lightning``: LightningCLI's subcommands (``fit``, ...) and ``plot``
-    (see :mod:`gspo_lightning.plot`). A mistake in the settings or the data ends the run with one line naming it
-    (``GSPO_LIGHTNING_TRACEBACK=1`` shows the traceback too); a bug keeps its traceback."""
+    (see :mod:`gspo_lightning.plot`). A mistake in the settings or the data ends the run with one line naming it,
+    the user's reward, tool or environment raising with one line naming its setting and the error, then the user's
+    own frames (``GSPO_LIGHTNING_TRACEBACK=1`` shows the whole traceback); a bug keeps its traceback."""
     if sys.argv[1:2] == ["plot"]:  # not a Trainer subcommand: draws a finished (or running) run's metrics
         from gspo_lightning.plot import main as plot
 
         plot(sys.argv[2:])
         return
-    quiet_library_noise()
+    configure_console()
     try:
         main()
     except ArgumentError as error:
         _exit_with(error, describe_argument_error(str(error), GROUPS, sys.argv[1:]), status=2)
     except UserError as error:
         _exit_with(error, one_line(error))
+    except Exception as error:  # a reward, tool or environment of the user's raised: that line, the user's frames
+        report = user_code_report(error, bool(os.environ.get("GSPO_LIGHTNING_TRACEBACK")), rank_zero_only.rank)
+        if report is None:
+            raise
+        print(report, file=sys.stderr, flush=True)
+        sys.exit(1)
     finally:
         close_process_group()
 

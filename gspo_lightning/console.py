@@ -1,18 +1,19 @@
-"""What the command line shows while it runs: progress, real warnings, no library noise.
+"""What the command line shows while it runs: real warnings, plainly, and no library noise.
 
-The command line (not the library: a user's own script keeps control of its warnings) silences what is not about
-the user's run: deprecation notices libraries raise against each other, Lightning's advertisement, the weight
-loader's progress bar for a tiny cached model. Rich's progress bar counts optimizer steps instead of the
-meaningless "Epoch 0/-2" of an endless prompt stream.
+The one place that sets the console's process-wide state, called once by the command line
+(:func:`configure_console`; not by the library: a user's own script keeps control of its warnings). It silences
+what is not about the user's run (deprecation notices libraries raise against each other, Lightning's
+advertisement, the weight loader's progress bar for a tiny cached model) and prints the project's own warnings as
+``warning: <message>``, without the source file and line that only a developer wants. The progress bars live in
+:mod:`gspo_lightning.progress`.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
-from typing import Any
-
-from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar
+from pathlib import Path
 
 _LIBRARY_NOTICES = (
     r"'set_vital' is deprecated",  # torchdata's StatefulDataLoader calling torch
@@ -43,17 +44,22 @@ def quiet_library_noise() -> None:
         pass
 
 
-class StepProgressBar(RichProgressBar):
-    """Lightning's rich progress bar, labelled by what it counts: optimizer steps out of ``max_steps``. The prompt
-    stream is endless, so Lightning's "Epoch 0/-2" (``max_epochs=-1``) says nothing; nor does the logger's version
-    number shown as a metric ("v_num: 0.000")."""
+_PACKAGE = str(Path(__file__).resolve().parent) + os.sep
+_library_format = warnings.formatwarning
 
-    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
-        metrics = super().get_metrics(trainer, pl_module)
-        metrics.pop("v_num", None)
-        return metrics
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        super().on_train_epoch_start(trainer, pl_module)
-        if self.progress is not None and self.train_progress_bar_id is not None:
-            self.progress.update(self.train_progress_bar_id, description="optimizer steps")
+def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line=None) -> str:
+    if str(Path(filename).resolve()).startswith(_PACKAGE):  # the project's own: the message is all the news
+        return f"warning: {message}\n"
+    return _library_format(message, category, filename, lineno, line)
+
+
+def plain_project_warnings() -> None:
+    """Print the warnings raised from this package as ``warning: <message>`` (others keep Python's format)."""
+    warnings.formatwarning = _format_warning
+
+
+def configure_console() -> None:
+    """Everything above, for this process: the command line calls it once at startup."""
+    quiet_library_noise()
+    plain_project_warnings()

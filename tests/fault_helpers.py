@@ -40,3 +40,11 @@ class FailingVLLMEngine(VLLMEngine):
 
     def sample(self, *args, **kwargs):
         raise RuntimeError("the engine failed while sampling")
+
+
+class InterruptAtStep(KillAtStep):
+    """Sends SIGINT to its own process at the start of optimizer step ``step``: a user's Ctrl-C."""
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)

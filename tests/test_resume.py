@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -58,6 +59,8 @@ def uninterrupted(tmp_path_factory) -> dict[int, dict[str, str]]:
         # SIGTERM at step 5: Lightning finishes that step, CheckpointOnPreemption saves last.ckpt at step 6 and
         # Lightning exits through SIGTERMException (a SystemExit, status 0).
         ("TermAtStep", 5, 100, 0, 6),
+        # Ctrl-C at step 5: the same path (gspo_lightning.interrupt), then the summary and exit status 130.
+        ("InterruptAtStep", 5, 100, 130, 6),
     ],
 )
 def test_resumed_run_equals_an_uninterrupted_run(
@@ -66,17 +69,27 @@ def test_resumed_run_equals_an_uninterrupted_run(
     """As the README says: the same command with ``--ckpt_path last``, on the config's own layout (checkpoints in
     ``runs/tiny/version_0/checkpoints``); the resumed run continues that folder's ``metrics.csv``."""
     killer = {"class_path": f"tests.fault_helpers.{fault}", "init_args": {"step": at_step}}
-    interrupted = _run(_config(tmp_path, checkpoint_every, killer, own_layout=True))
+    config = _config(tmp_path, checkpoint_every, killer, own_layout=True)
+    interrupted = _run(config)
     assert interrupted.returncode == exit_code, interrupted.stderr[-3000:]
     run_dir = tmp_path / "runs/tiny/version_0"
     assert (run_dir / "checkpoints/last.ckpt").exists()
     killed_at = max(_per_step(run_dir))
+    if fault == "InterruptAtStep":  # what the console says: where it stopped, the checkpoint, how to resume
+        lines = interrupted.stdout.splitlines()
+        assert f"=== gspo_lightning run summary: stopped by Ctrl-C at step {resumed_from} ===" in lines
+        assert f"optimizer steps: {resumed_from} of {STEPS}" in interrupted.stdout
+        assert "last checkpoint: runs/tiny/version_0/checkpoints/last.ckpt" in lines
+        assert f"resume with: python -m gspo_lightning fit -c {shlex.quote(str(config))} --ckpt_path last" in lines
     assert killed_at >= at_step - 1  # the kill lost no row logged before it (rows are written as logged)
     # Resume with the same config minus the fault, as a user would.
     resumed = _run(_config(tmp_path, checkpoint_every, own_layout=True), "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.startswith(f"step {resumed_from + 1}/{STEPS}  ")  # counted from the resumed step
     assert "Restoring states from the checkpoint path at runs/tiny/version_0/checkpoints/last.ckpt" in resumed.stderr
     assert sorted(path.name for path in (tmp_path / "runs/tiny").iterdir()) == ["version_0"]  # one run, one folder
+    # the resumed run's last checkpoint replaced the one it resumed from: a later --ckpt_path last finds the newest
+    assert not (run_dir / "checkpoints/last-v1.ckpt").exists()
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     steps = [int(row["step"]) for row in rows if row["train/loss"]]
     assert steps == list(range(STEPS))  # every step once: the resumed run replaced what the kill left after its checkpoint

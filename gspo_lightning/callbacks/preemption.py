@@ -11,7 +11,8 @@ from gspo_lightning.callbacks.emergency import save_emergency_checkpoint
 
 
 class CheckpointOnPreemption(Callback):
-    """On SIGTERM, finish the current optimizer step, save ``last.ckpt`` and exit.
+    """On SIGTERM (and, under the command line, a first Ctrl-C), finish the current optimizer step, save ``last.ckpt``
+    and exit.
 
     Lightning notes the signal and stops after the step in flight (on every rank); this callback then saves the
     complete state (weights, optimizer, data position, sampler round, random generators) where
@@ -28,4 +29,7 @@ class CheckpointOnPreemption(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if self.enabled and isinstance(exception, SIGTERMException):
             self.saved_to = save_emergency_checkpoint(trainer, "last")
-            rank_zero_warn(f"SIGTERM received: checkpoint saved to {self.saved_to}; resume with --ckpt_path last")
+            rank_zero_warn(
+                f"stopping at step {trainer.global_step}: checkpoint saved to {self.saved_to}; resume with "
+                "--ckpt_path last"
+            )
