@@ -4,6 +4,9 @@ and where a setting that moved has gone.
 
 jsonargparse reports a bad option as a usage text of ~90 lines, or, inside a ``class_path`` / ``init_args`` block,
 as a report of every type it tried; :func:`describe_argument_error` reads the setting and the reason out of it.
+
+When the user's own code raises (a reward function, a tool, an environment), :func:`user_code_report` leads with
+one line naming the setting, the function and the error, followed by the frames of the user's code only.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ import importlib
 import inspect
 import pkgutil
 import re
+import sysconfig
+import traceback
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from gspo_lightning.cli_sources import as_written, setting_holding
+from gspo_lightning.validation import user_code_error
 
 MOVED_SETTINGS = {
     "model.init_args.lr": "optimizer.init_args.lr (optimizer: {class_path: torch.optim.AdamW, init_args: {lr: ...}})",
@@ -203,3 +210,57 @@ def _module_hint(module: str) -> str:
 def _parser_setting(message: str) -> str:
     keys = re.findall(r'Parser key "([^"]+)"', message)
     return _nested_key(keys) if keys else "class_path"
+
+
+LIBRARY_FOLDERS: tuple[str, ...] = (
+    str(Path(__file__).resolve().parent),  # gspo_lightning
+    *{str(Path(sysconfig.get_paths()[name]).resolve()) for name in ("stdlib", "platstdlib")},
+)
+"""Where the frames a user's traceback leaves out live, besides any ``site-packages`` (Lightning, torch, ...)."""
+_REMOTE_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+)\n(?:    (?P<code>.+)\n)?',
+                           re.MULTILINE)  # fmt: skip
+_TRACEBACK_HINT = "GSPO_LIGHTNING_TRACEBACK=1 shows the whole traceback"
+
+
+def user_code_report(
+    raised: BaseException, full: bool = False, rank: int = 0, library: Sequence[str] = LIBRARY_FOLDERS
+) -> str | None:
+    """What the command line prints when the user's code raised ``raised`` (or the error it wraps, see
+    ``validation.user_code_error``): ``error: <setting> (<function>) raised <Error>: <message>``, what it was
+    called on, then the frames of files outside ``library`` and ``site-packages`` (``full``: every frame of
+    ``raised``); one line on a rank other than 0. None when ``raised`` is not about the user's code."""
+    error = user_code_error(raised)
+    if error is None:
+        return None
+    if rank != 0:
+        return f"error: (rank {rank}) {error.headline()}"
+    lines = [f"error: {error.headline()}", *([f"  {error.detail}"] if error.detail else [])]
+    if full:
+        return "\n".join([*lines, "".join(traceback.format_exception(raised)).rstrip("\n")])
+    frames = [frame for frame in error_frames(error.error) if is_user_file(frame.filename, library)]
+    if not frames:
+        return "\n".join([*lines, f"(no frame of your code in its traceback; {_TRACEBACK_HINT})"])
+    shown = "".join(traceback.StackSummary.from_list(frames).format())
+    last = "".join(traceback.format_exception_only(type(error.error), error.error))
+    return "\n".join([*lines, f"Traceback of your code ({_TRACEBACK_HINT}):", shown + last.rstrip("\n")])
+
+
+def error_frames(error: BaseException) -> list[traceback.FrameSummary]:
+    """The frames ``error`` was raised through, those of a worker process first (``concurrent.futures`` sends
+    them as text, in the ``__cause__``)."""
+    remote = getattr(error.__cause__, "tb", None)
+    frames = []
+    if isinstance(remote, str):
+        frames = [traceback.FrameSummary(m["file"], int(m["line"]), m["name"], line=m["code"] or "")
+                  for m in _REMOTE_FRAME.finditer(remote)]  # fmt: skip
+    return frames + list(traceback.extract_tb(error.__traceback__))
+
+
+def is_user_file(filename: str, library: Sequence[str] = LIBRARY_FOLDERS) -> bool:
+    """A file of the user's own code: a real file, outside ``library`` and outside any installed package."""
+    if filename.startswith("<"):  # <frozen runpy>, <string>
+        return False
+    path = Path(filename).resolve()
+    if {"site-packages", "dist-packages"} & set(path.parts):
+        return False
+    return not any(path.is_relative_to(folder) for folder in library)

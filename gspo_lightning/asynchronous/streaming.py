@@ -262,7 +262,7 @@ class StreamingProducer:
         columns = {name: [value] * self.group_size for name, value in group.columns.items()}
         rewards, components = score_completions(
             self.scoring.rewards, self.scoring.weights, [group.prompt] * self.group_size, completions, columns,
-            runner=self.scoring.runner, errors=self.scoring.errors,
+            runner=self.scoring.runner, errors=self.scoring.errors, settings=self.scoring.settings,
         )  # fmt: skip
         group.rewards = rewards.tolist()
         group.components = {name: scores.tolist() for name, scores in components.items()}

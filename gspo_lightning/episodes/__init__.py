@@ -14,7 +14,7 @@
 
 from gspo_lightning.episodes.environment import Environment, Message, Step, ToolEnvironment, ToolError
 from gspo_lightning.episodes.gymnasium_adapter import GymnasiumEnvironment
-from gspo_lightning.episodes.loop import EpisodeError, EpisodeState
+from gspo_lightning.episodes.loop import EpisodeCodeError, EpisodeError, EpisodeState
 from gspo_lightning.episodes.parsers import HermesToolCallParser, ToolCall, ToolCallParser
 from gspo_lightning.episodes.rewards import environment_reward
 from gspo_lightning.episodes.settings import EpisodeSettings
@@ -22,6 +22,7 @@ from gspo_lightning.episodes.tools import RunPython, Tool, calculator
 
 __all__ = [
     "Environment",
+    "EpisodeCodeError",
     "EpisodeError",
     "EpisodeSettings",
     "EpisodeState",

@@ -73,7 +73,14 @@ def prompt_messages(prompt: Any) -> list[Message]:
 
 
 class ToolError(RuntimeError):
-    """A tool raised or ran out of time (a tool's failure, not the model's): handled like a reward error."""
+    """A tool raised or ran out of time (a tool's failure, not the model's): handled like a reward error.
+
+    ``tool`` is the tool, ``position`` its place among the environment's tools (``sampler.episodes.tools[i]``)
+    and ``call`` the call's text; the ``__cause__`` is what it raised (or ``ToolTimeoutError``)."""
+
+    def __init__(self, message: str, tool: Tool | None = None, position: int = 0, call: str = "") -> None:
+        super().__init__(message)
+        self.tool, self.position, self.call = tool, position, call
 
 
 class ToolEnvironment(Environment):
@@ -133,6 +140,7 @@ class ToolEnvironment(Environment):
             value = call_with_time_limit(tool, call.arguments, self.timeout_s)
         except Exception as error:
             raise ToolError(
-                f"tool {call.name!r} failed on the call {call.text!r}: {type(error).__name__}: {error}"
+                f"tool {call.name!r} failed on the call {call.text!r}: {type(error).__name__}: {error}",
+                tool, list(self.by_name).index(call.name), call.text,
             ) from error
         return result_text(value), False

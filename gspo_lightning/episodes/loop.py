@@ -20,8 +20,16 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded
-from gspo_lightning.episodes.environment import Environment, EnvironmentFactory, Message, Step
+from gspo_lightning.episodes.environment import (
+    Environment,
+    EnvironmentFactory,
+    Message,
+    Step,
+    ToolEnvironment,
+    ToolError,
+)
 from gspo_lightning.episodes.rendering import first_context, observation_ids
+from gspo_lightning.validation import UserCodeError, qualified_name
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +38,11 @@ _TURN_SEED_STRIDE = 1_000_003  # turn k's requests are seeded seed + k * stride 
 
 class EpisodeError(RuntimeError):
     """An environment or a tool failed in an episode, under ``sampler.reward_errors: raise``."""
+
+
+class EpisodeCodeError(EpisodeError, UserCodeError):
+    """The user's tool or environment raised: the command line names its setting (``sampler.episodes.tools[i]``,
+    ``sampler.episodes.environment``), the function, the error and the episode, and shows the code's own frames."""
 
 
 @dataclass(eq=False)
@@ -237,7 +250,22 @@ def _fail(run: EpisodeRun, episode: EpisodeState, index: int, where: str, error:
     name = type(episode.environment).__name__
     message = f"episode {index} ({name}, {where}): {type(error).__name__}: {error}"
     if run.errors == "raise":
-        raise EpisodeError(f"{message} (sampler.reward_errors: skip leaves such episodes' groups out)") from error
+        note = f"{message} (sampler.reward_errors: skip leaves such episodes' groups out)"
+        raise _stopping_error(note, episode.environment, f"episode {index}, {where}", error) from error
     logger.warning("%s; its group is left out of learning (sampler.reward_errors: skip)", message)
     episode.failure = message
     episode.stop()
+
+
+def _stopping_error(message: str, environment: Environment, context: str, error: Exception) -> EpisodeError:
+    """What a failed episode stops the run with: naming the setting of the user's code that raised, when it was
+    the user's (a tool, an environment's ``reset`` or ``step``); the tool loop's own failures stay ``EpisodeError``."""
+    if isinstance(error, ToolError) and error.tool is not None:
+        raised = error.__cause__ if error.__cause__ is not None else error
+        setting, function = f"sampler.episodes.tools[{error.position}]", qualified_name(error.tool.function)
+        return EpisodeCodeError(message, setting, function, raised, context, detail=f"the call {error.call!r}")
+    if isinstance(environment, ToolEnvironment):
+        return EpisodeError(message)
+    method = "reset" if context.endswith("reset") else "step"
+    function = f"{qualified_name(environment)}.{method}"
+    return EpisodeCodeError(message, "sampler.episodes.environment", function, error, context)

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gspo_lightning.episodes.environment import Environment, EnvironmentFactory, ToolEnvironment
+from gspo_lightning.episodes.loop import EpisodeCodeError
 from gspo_lightning.episodes.parsers import ToolCallParser, resolve_parser
 from gspo_lightning.episodes.tools import tools_by_name
-from gspo_lightning.validation import SettingError
+from gspo_lightning.validation import SettingError, qualified_name
 
 
 @dataclass
@@ -72,7 +73,7 @@ class EpisodeSettings:
 
     def _build_factory(self) -> EnvironmentFactory:
         if self.environment is not None:
-            return self.environment
+            return _named_failures(self.environment)
         try:
             tools = list(tools_by_name(list(self.tools)).values())  # the schemas, built once for every episode
         except ValueError as error:
@@ -90,3 +91,18 @@ class EpisodeSettings:
                 f"{context}: lower it (or null for the context)"
             )
         return self.max_episode_tokens
+
+
+def _named_failures(factory: Callable[[], Environment]) -> EnvironmentFactory:
+    """``factory``, whose errors (the environment's ``__init__`` raised) name ``sampler.episodes.environment``."""
+    built = next((a for a in getattr(factory, "args", ()) if isinstance(a, type)), factory)  # jsonargparse's partial
+    name = qualified_name(built)
+
+    def environment() -> Environment:
+        try:
+            return factory()
+        except Exception as error:
+            message = f"building the environment {name} failed: {type(error).__name__}: {error}"
+            raise EpisodeCodeError(message, "sampler.episodes.environment", name, error) from error
+
+    return environment

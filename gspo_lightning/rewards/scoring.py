@@ -27,6 +27,7 @@ from gspo_lightning.rewards.isolation import (
     RewardTimeoutError,
     RewardWorkerCrashedError,
 )
+from gspo_lightning.validation import UserCodeError, qualified_name
 
 RewardFunction = Callable[..., list[float]]
 """``fn(prompts, completions, **columns) -> list[float]``: one score per completion."""
@@ -37,6 +38,12 @@ REWARD_ERRORS: tuple[str, ...] = ("raise", "skip")
 logger = logging.getLogger(__name__)
 
 _SHOWN_CHARACTERS = 300
+
+
+class RewardFunctionError(UserCodeError):
+    """A reward function raised (``sampler.reward_errors: raise``): the command line names the setting
+    (``sampler.rewards[i]``, ``evaluation.correct``), the function and its error, and shows the function's own
+    frames."""
 
 
 def reward_name(fn: RewardFunction) -> str:
@@ -108,13 +115,21 @@ def _scores(
     prompts: list[Any],
     completions: list[str],
     columns: dict[str, list[Any]],
+    setting: str = "sampler.rewards[0]",
 ) -> Tensor:
-    """One function's float32 scores [N], NaN where unavailable (``errors="skip"``)."""
+    """One function's float32 scores [N], NaN where unavailable (``errors="skip"``); ``setting`` names it."""
     values, failed_call = _call(fn, runner, prompts, completions, columns)
     problems = [failed_call] if failed_call else _value_problems(values, len(completions))
     if problems and errors == "raise":
         first = problems[0]
-        raise first.error_type(_describe(reward_name(fn), first, prompts, completions)) from first.cause
+        message = _describe(reward_name(fn), first, prompts, completions)
+        if failed_call is not None and first.error_type is RuntimeError and first.cause is not None:  # fn raised
+            detail = (
+                f"called on {len(completions)} completion(s), the first {_clip(completions[0])} "
+                f"(prompt {_clip(prompts[0])})" if completions else ""
+            )
+            raise RewardFunctionError(message, setting, qualified_name(fn), first.cause, detail=detail) from first.cause
+        raise first.error_type(message) from first.cause
     if failed_call or (problems and len(problems[0].rows) == len(completions)):
         scores = torch.full((len(completions),), math.nan)  # [N]
     else:
@@ -139,6 +154,7 @@ def score_completions(
     columns: dict[str, list[Any]],
     runner: RewardRunner | None = None,
     errors: RewardErrors = "raise",
+    settings: Sequence[str] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Weighted sum of every reward function's scores.
 
@@ -148,6 +164,8 @@ def score_completions(
         prompts, completions, columns: entry i of each belongs to completion i.
         runner: how to call the functions (thread/process isolation, timeout); None calls them directly.
         errors: ``"raise"`` stops at the first misbehaviour; ``"skip"`` gives the affected samples NaN.
+        settings: the setting naming each function, for a function that raises (``RewardFunctionError``);
+            None: ``sampler.rewards[i]``.
 
     Returns:
         total: [N] float32 combined reward; NaN where any function's score is unavailable (``"skip"``).
@@ -157,8 +175,10 @@ def score_completions(
         raise ValueError(f"reward errors must be one of {list(REWARD_ERRORS)}, got {errors!r}")
     total = torch.zeros(len(completions), dtype=torch.float32)  # [N]
     components: dict[str, Tensor] = {}
-    for fn, weight in zip(reward_fns, weights, strict=True):
-        scores = _scores(fn, runner, errors, prompts, completions, columns)  # [N]
+    if settings is None:
+        settings = [f"sampler.rewards[{number}]" for number in range(len(reward_fns))]
+    for fn, weight, setting in zip(reward_fns, weights, settings, strict=True):
+        scores = _scores(fn, runner, errors, prompts, completions, columns, setting)  # [N]
         components[reward_name(fn)] = scores
         total += weight * scores
     return total, components

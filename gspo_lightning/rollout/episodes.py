@@ -60,7 +60,7 @@ def score_episodes(
     row_columns[EPISODE_MESSAGES] = [e.messages for e in episodes]
     rewards, components = score_completions(
         scoring.rewards, scoring.weights, repeat_each(prompts, group_size), [e.final_answer for e in episodes],
-        row_columns, runner=scoring.runner, errors=scoring.errors,
+        row_columns, runner=scoring.runner, errors=scoring.errors, settings=scoring.settings,
     )  # fmt: skip
     failed = torch.tensor([e.failure is not None for e in episodes])  # [N]
     return torch.where(failed, torch.full_like(rewards, float("nan")), rewards), components  # [N]

@@ -135,12 +135,14 @@ class ScoredSamples:
 
 @dataclass(frozen=True)
 class Scoring:
-    """How completions are scored: the reward functions, their weights, how they run and what a failure does."""
+    """How completions are scored: the reward functions, their weights, how they run and what a failure does;
+    ``settings`` name the functions for an error (None: ``sampler.rewards[i]``)."""
 
     rewards: Sequence[RewardFunction]
     weights: Sequence[float]
     runner: RewardRunner | None = None
     errors: str = "raise"
+    settings: Sequence[str] | None = None
 
 
 def sample_and_score(
@@ -183,6 +185,7 @@ def sample_and_score(
         {name: repeat_each(values, group_size) for name, values in columns.items()},
         runner=scoring.runner,
         errors=scoring.errors,
+        settings=scoring.settings,
     )  # [N], NaN where a reward is unavailable
     seconds = {"generate_s": generate_s, "reward_s": time.perf_counter() - started}
     return ScoredSamples(
