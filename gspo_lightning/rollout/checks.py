@@ -107,18 +107,33 @@ def check_data_columns(datamodule: Any, rewards: Sequence[Any], split: str, sett
     check_reward_columns(rewards, datamodule.column_names(split), where, setting)
 
 
-def check_chat_template(datamodule: Any, tokenizer: Any) -> None:
-    """Chat prompts need a tokenizer with a chat template; checked as soon as both are known."""
+def check_chat_template(datamodule: Any, tokenizer: Any, policy: Any = None) -> None:
+    """Chat prompts need a tokenizer with a chat template; checked as soon as both are known (``policy``, the
+    policy's loader, names it)."""
     formatter = getattr(datamodule, "formatter", None) if datamodule is not None else None
     if tokenizer is None or not getattr(formatter, "chat", False):
         return
     if not getattr(tokenizer, "chat_template", None):
         raise SettingError(
-            "the data module builds chat prompts (data.init_args.chat_template: true) but the policy's "
-            "tokenizer has no chat template: set data.init_args.chat_template: false (and put the instruction "
-            "into data.init_args.prompt_template), or use a policy whose tokenizer defines a chat template "
-            "(an instruct/chat checkpoint)"
+            f"the data module builds chat prompts (data.init_args.chat_template: true) but the policy's tokenizer"
+            f"{_named(policy)} has no chat template: set data.init_args.chat_template: false (and put the "
+            f"instruction into data.init_args.prompt_template), or give the policy one: {chat_template_help('simple')}"
         )
+
+
+def chat_template_help(template: str) -> str:
+    """Which built-in policies have a chat template, and how to give one (``template``: the built-in to name)."""
+    return (
+        f"gspo_lightning.models.TinyQwen3 takes init_args.chat_template: {template} (a built-in by name, or a Jinja "
+        "template), and so does a warm-started tiny policy through its base (model.init_args.policy.init_args.base: "
+        f"{{class_path: gspo_lightning.models.TinyQwen3, init_args: {{chat_template: {template}}}}}); "
+        "gspo_lightning.data.CalculatorWarmStartedTinyQwen3 has the tools one; a Pretrained chat or instruct "
+        "checkpoint (e.g. Qwen/Qwen3-0.6B) brings its own"
+    )
+
+
+def _named(policy: Any) -> str:
+    return f" ({type(policy).__module__}.{type(policy).__qualname__})" if policy is not None else ""
 
 
 def check_rollout_correction(correction_mode: str, old_logprobs: str) -> None:
@@ -270,12 +285,13 @@ def check_turn_advantages(episodes: Any, module: Any) -> None:
     )
 
 
-def check_episode_tokenizer(tokenizer: Any) -> None:
-    """Episodes render their messages with the chat template, whose assistant messages end with EOS."""
+def check_episode_tokenizer(tokenizer: Any, policy: Any = None) -> None:
+    """Episodes render their messages with the chat template, whose assistant messages end with EOS (``policy``,
+    the policy's loader, names it)."""
     require(
         bool(getattr(tokenizer, "chat_template", None)),
-        "sampler.episodes renders the conversation with the tokenizer's chat template, but the policy's tokenizer "
-        "has none: use a chat model's tokenizer or give the policy loader a chat_template",
+        f"sampler.episodes renders the conversation with the tokenizer's chat template, but the policy's tokenizer"
+        f"{_named(policy)} has none: give the policy one: {chat_template_help('tools')}",
     )
 
 

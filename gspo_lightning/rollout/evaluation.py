@@ -14,6 +14,8 @@ from torch import Tensor
 
 from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
 from gspo_lightning.engines.base import SamplingSettings
+from gspo_lightning.episodes.rewards import environment_reward
+from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.metrics import PassAtK
 from gspo_lightning.rollout.checks import check_data_columns, validate_evaluation
 from gspo_lightning.rollout.episodes import episode_run, sample_and_score_episodes
@@ -44,7 +46,9 @@ class HeldOutEvaluation(Callback):
 
     Args:
         correct: a reward function scoring each completion; a completion is solved when its score is >=
-            ``solved_at`` (e.g. 1.0 from an exact-answer check, or the fraction of unit tests passed).
+            ``solved_at`` (e.g. 1.0 from an exact-answer check, or the fraction of unit tests passed). Unset for
+            episodes with an environment (``sampler.episodes.environment``): the environment's reward
+            (``gspo_lightning.episodes.environment_reward``); required otherwise.
         every_n_steps: also evaluate every n optimizer steps (0: only at the start and the end).
         at_start: evaluate before the first update (step 0).
         at_end: evaluate after the last update.
@@ -70,7 +74,7 @@ class HeldOutEvaluation(Callback):
 
     def __init__(
         self,
-        correct: Callable[..., list[float]],
+        correct: Callable[..., list[float]] | None = None,
         every_n_steps: int = 0,
         at_start: bool = True,
         at_end: bool = True,
@@ -134,7 +138,14 @@ class HeldOutEvaluation(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # after the data module's setup, before configure_model builds the policy
-            check_data_columns(trainer.datamodule, [self.correct], "eval", "evaluation.correct")
+            check_data_columns(trainer.datamodule, [self.correct_for(trainer)], "eval", "evaluation.correct")
+
+    def correct_for(self, trainer: pl.Trainer) -> Callable[..., list[float]]:
+        """``correct``; unset, what scores the training sampler's episodes' environment (see :func:`default_correct`)."""
+        if self.correct is not None:
+            return self.correct
+        sampler = _training_sampler(trainer)
+        return default_correct(sampler.round.episodes if sampler is not None else None)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not callable(getattr(trainer.datamodule, "heldout_dataloader", None)):
@@ -208,6 +219,7 @@ class HeldOutEvaluation(Callback):
         """Solved samples per prompt [P] and which prompts count [P] bool (not skipped), both on the CPU."""
         n = self.samples_per_prompt
         sampler = _training_sampler(trainer)
+        scoring = Scoring([self.correct_for(trainer)], [1.0], settings=["evaluation.correct"])
         if sampler is not None and sampler.round.episodes is not None:  # the held-out prompts as episodes too
             run = episode_run(
                 self._engine, pl_module.policy, pl_module.tokenizer, self.sampling_settings(pl_module),
@@ -216,7 +228,7 @@ class HeldOutEvaluation(Callback):
             )  # fmt: skip
             any_rank = lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False)  # noqa: E731
             rollout, _ = sample_and_score_episodes(
-                run, batch.prompts, batch.columns, n, Scoring([self.correct], [1.0]), seed,
+                run, batch.prompts, batch.columns, n, scoring, seed,
                 any_rank if parameters_are_sharded(trainer) else bool,
             )  # fmt: skip
             assert rollout.episodes is not None
@@ -231,7 +243,7 @@ class HeldOutEvaluation(Callback):
             batch.columns,
             self.sampling_settings(pl_module),
             n,
-            Scoring([self.correct], [1.0]),
+            scoring,
             device=pl_module.device,
             overflow=self.prompt_overflow,
             overflow_setting="evaluation.prompt_overflow",
@@ -256,6 +268,20 @@ class HeldOutEvaluation(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = [tuple(item) for item in state_dict["history"]]
+
+
+def default_correct(episodes: EpisodeSettings | None) -> Callable[..., list[float]]:
+    """What scores held-out completions when ``evaluation.correct`` is unset: the environment's reward of episodes
+    with an environment; for anything else a ``SettingError`` saying what to set."""
+    if episodes is not None and episodes.environment is not None:
+        return environment_reward
+    answer = "the final answer of each episode" if episodes is not None else "each held-out completion"
+    raise SettingError(
+        f"evaluation.correct is not set: name the reward function that scores {answer} (a completion counts as "
+        "solved when its score reaches evaluation.solved_at), e.g. evaluation.correct: {class_path: "
+        "gspo_lightning.rewards.ExactAnswer}; only episodes with an environment (sampler.episodes.environment) "
+        "default to their environment's reward, gspo_lightning.episodes.environment_reward"
+    )
 
 
 def _training_sampler(trainer: pl.Trainer) -> GroupSampler | None:

@@ -191,7 +191,7 @@ class GroupSampler(Callback):
             return
         module = check_sampler_module(pl_module)
         checks.check_rollout_shape(trainer.datamodule, self.group_size, self.num_minibatches)
-        checks.check_chat_template(trainer.datamodule, module.tokenizer)
+        checks.check_chat_template(trainer.datamodule, module.tokenizer, getattr(module, "policy_loader", None))
         checks.check_routing_replay(module.routing_replay, self.old_logprobs)
         checks.check_rollout_correction(module.rollout_correction.mode, self.old_logprobs)
         checks.check_data_columns(trainer.datamodule, self.rewards, "train", "sampler.rewards")
@@ -202,10 +202,11 @@ class GroupSampler(Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = check_sampler_module(pl_module)
         check_built(module)
-        checks.check_chat_template(trainer.datamodule, module.tokenizer)  # a tokenizer built in configure_model
+        loader = getattr(module, "policy_loader", None)
+        checks.check_chat_template(trainer.datamodule, module.tokenizer, loader)  # a tokenizer built in configure_model
         context = context_length(module.policy, module.tokenizer)
         if self.round.episodes is not None:
-            checks.check_episode_tokenizer(module.tokenizer)
+            checks.check_episode_tokenizer(module.tokenizer, loader)
             self.round.episodes.episode_budget(context)  # within the context
         elif self.round.prompt_overflow == "error":
             checks.check_prompt_lengths(trainer.datamodule, module.tokenizer, context, module.max_new_tokens)
