@@ -113,6 +113,12 @@ def test_with_the_whole_traceback_the_librarys_frames_appear(user_module):
     assert "RewardFunctionError" in report.splitlines()[-1]  # the chain, down to the error the run stopped with
 
 
+def test_the_evaluations_function_is_named_by_its_own_setting(user_module):
+    with pytest.raises(RewardFunctionError) as raised:
+        score_completions([user_module.score], [1.0], ["1+1="], ["2"], {}, settings=["evaluation.correct"])
+    assert raised.value.headline() == f"evaluation.correct ({user_module.__name__}.score) raised ValueError: bad input"
+
+
 def test_a_wrapped_error_is_found_through_its_cause_and_context(user_module):
     error = _reward_error(user_module)
     try:
