@@ -8,7 +8,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from jsonargparse import ArgumentError
@@ -39,6 +39,7 @@ from gspo_lightning.run_dirs import new_run_folder, remove_if_nothing_of_value, 
 from gspo_lightning.summary import RunOutcome, resume_command, rollout_mode, summary_text
 from gspo_lightning.validation import SettingError, UserError
 
+T = TypeVar("T")
 BASE_CONFIG = Path(__file__).with_name("base.yaml")
 """Loaded before any ``-c`` config (``configs/base.yaml`` links to it)."""
 CALLBACK_GROUPS = {
@@ -157,7 +158,7 @@ class GSPOCLI(LightningCLI):
 
     def before_fit(self) -> None:
         self._fit_started = time.perf_counter()
-        sampler = next(c for c in self.trainer.callbacks if isinstance(c, GroupSampler))
+        sampler = _callback(self.trainer, GroupSampler)
         if sampler.asynchronous.enabled and rank_zero_only.rank == 0:
             print(f"rollouts: {rollout_mode(sampler.asynchronous)}", flush=True)
 
@@ -170,12 +171,9 @@ class GSPOCLI(LightningCLI):
     def outcome(self, seconds: float, stopped_by: str | None = None) -> RunOutcome:
         """What the summary reports: did it learn, where are the files, and where a stopped run stopped."""
         trainer = self.trainer
-        evaluation = next(c for c in trainer.callbacks if isinstance(c, HeldOutEvaluation))
-        export = next(c for c in trainer.callbacks if isinstance(c, ExportPolicy))
-        preemption = next((c for c in trainer.callbacks if isinstance(c, CheckpointOnPreemption)), None)
-        sampler = next(c for c in trainer.callbacks if isinstance(c, GroupSampler))
+        evaluation, export = _callback(trainer, HeldOutEvaluation), _callback(trainer, ExportPolicy)
         checkpoint = trainer.checkpoint_callback
-        newest = preemption.saved_to if preemption is not None and preemption.saved_to else None
+        newest = _callback(trainer, CheckpointOnPreemption).saved_to  # the command line always has these callbacks
         if newest is None and isinstance(checkpoint, ModelCheckpoint) and checkpoint.last_model_path:
             newest = checkpoint.last_model_path
         return RunOutcome(
@@ -186,10 +184,15 @@ class GSPOCLI(LightningCLI):
             exported_to=export.exported_to,
             evaluation=evaluation.description,
             history=list(evaluation.history),
-            asynchronous=sampler.asynchronous,
+            asynchronous=_callback(trainer, GroupSampler).asynchronous,
             stopped_by=stopped_by,
             resume=resume_command(program_name(), sys.argv[1:]) if stopped_by else None,
         )
+
+
+def _callback(trainer: Trainer, kind: type[T]) -> T:
+    """The trainer's callback of ``kind``: one of the command line's own (``CALLBACK_GROUPS``), always there."""
+    return next(callback for callback in trainer.callbacks if isinstance(callback, kind))
 
 
 def _stopped_by(error: BaseException, interrupted: bool) -> str | None:

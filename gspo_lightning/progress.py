@@ -86,8 +86,9 @@ def _scalar(metrics: dict[str, Any], name: str) -> float | None:
 
 class RunRecord(Callback):
     """What the console reports about this process's part of a run: its first step and start time, the largest
-    sample lag trained, and :meth:`progress` for a line or the summary. The command line registers one before the
-    progress bar and hands it to the bar; a bar built without one keeps its own."""
+    sample lag trained, and :meth:`progress` for a line or the summary. A bar feeds the record it is given (or its
+    own); the command line also registers the one it shares, so the summary has it without a bar. Feeding it twice
+    a step changes nothing: the start is taken again within the same instant, the largest lag is a maximum."""
 
     def __init__(self) -> None:
         self.first_step: int | None = None
@@ -118,23 +119,7 @@ class RunRecord(Callback):
         )
 
 
-class _RecordUser:
-    """A bar's record: the command line's (registered as a callback of its own), or one the bar feeds itself."""
-
-    def _use_record(self, record: RunRecord | None) -> None:
-        self.record = record or RunRecord()
-        self._owns_record = record is None
-
-    def _record_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._owns_record:
-            self.record.on_train_start(trainer, pl_module)
-
-    def _record_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._owns_record:
-            self.record.on_train_batch_end(trainer, pl_module)
-
-
-class StepProgressBar(_RecordUser, RichProgressBar):
+class StepProgressBar(RichProgressBar):
     """Lightning's rich progress bar counting optimizer steps out of ``max_steps``, resumed runs included. The
     prompt stream is endless, so Lightning's "Epoch 0/-2" (``max_epochs=-1``) and its count of the batches left
     say nothing; nor does the logger's version shown as a metric ("v_num: 0.000"). Shows the sample lag under
@@ -142,7 +127,7 @@ class StepProgressBar(_RecordUser, RichProgressBar):
 
     def __init__(self, record: RunRecord | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._use_record(record)
+        self.record = record or RunRecord()
 
     def _get_train_description(self, current_epoch: int) -> str:
         return "optimizer steps"
@@ -161,14 +146,14 @@ class StepProgressBar(_RecordUser, RichProgressBar):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        self._record_start(trainer, pl_module)
+        self.record.on_train_start(trainer, pl_module)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
         self._update(self.train_progress_bar_id, trainer.global_step)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        self._record_step(trainer, pl_module)
+        self.record.on_train_batch_end(trainer, pl_module)
         if not self.is_disabled and self.train_progress_bar_id is None:  # a run resumed within its endless epoch
             self._initialize_train_progress_bar_id()
         self._update(self.train_progress_bar_id, trainer.global_step)
@@ -176,7 +161,7 @@ class StepProgressBar(_RecordUser, RichProgressBar):
         self.refresh()
 
 
-class PlainProgress(_RecordUser, ProgressBar):
+class PlainProgress(ProgressBar):
     """One line of progress every ``every_seconds`` (and every ``every_n_steps``, when set), after the first step
     and at the last: where a bar cannot draw (stdout not a terminal), so a batch job's log shows the run going.
 
@@ -192,7 +177,7 @@ class PlainProgress(_RecordUser, ProgressBar):
             raise ValueError(f"PlainProgress needs every_seconds > 0 and every_n_steps >= 0, got "
                              f"{every_seconds!r} and {every_n_steps!r}")  # fmt: skip
         self.every_seconds, self.every_n_steps = every_seconds, every_n_steps
-        self._use_record(record)
+        self.record = record or RunRecord()
         self._enabled = True
         self._last_line: float | None = None
 
@@ -207,11 +192,11 @@ class PlainProgress(_RecordUser, ProgressBar):
         self._enabled = True
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._record_start(trainer, pl_module)
+        self.record.on_train_start(trainer, pl_module)
         self._last_line = None
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        self._record_step(trainer, pl_module)
+        self.record.on_train_batch_end(trainer, pl_module)
         if not (self._enabled and trainer.is_global_zero):
             return
         now, step = time.perf_counter(), trainer.global_step
