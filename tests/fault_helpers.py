@@ -1,9 +1,10 @@
-"""Test-only pieces named in configs by class_path: a process killer and a reward that always varies."""
+"""Test-only pieces named in configs by class_path: process killers, slow steps and a reward that always varies."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -48,3 +49,14 @@ class InterruptAtStep(KillAtStep):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGINT)
+
+
+class SlowSteps(Callback):
+    """Sleeps ``seconds`` after every optimizer step: training that takes longer than the sampling it overlaps,
+    whatever the machine's load (a sleep is not slowed by busy cores)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
+        time.sleep(self.seconds)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import lightning.pytorch as pl
 
@@ -38,6 +39,15 @@ class RecordingVLLMProcessEngine(VLLMProcessEngine):
         _record(seed, self.loaded.step, group_size)
         return super().sample(policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs,
                               synced_gpus, seed)  # fmt: skip
+
+
+class SlowRecordingVLLMProcessEngine(RecordingVLLMProcessEngine):
+    """Each sampling call also sleeps half a second (on the engine's thread): generation long enough to tell a
+    trainer that waits for it from one that does not, whatever the machine's load."""
+
+    def sample(self, *args, **kwargs):
+        time.sleep(0.5)
+        return super().sample(*args, **kwargs)
 
 
 class RecordTrainedPrompts(pl.Callback):

@@ -20,10 +20,15 @@ STEPS, LAG = 16, 1
 WIDE = {"hidden_size": 64, "intermediate_size": 128}  # head size 32: vLLM's CPU attention has a kernel for it
 
 
-def _config(directory, fault=None):
+def _config(directory, fault=None, slow=False):
+    """``slow``: sampling sleeps 0.5 s a call and training 0.4 s a step, so a round trains for longer than the next
+    one samples on any machine (tests/asynchronous/recording.py, tests/fault_helpers.py)."""
+    engine = "SlowRecordingVLLMProcessEngine" if slow else "RecordingVLLMProcessEngine"
     sampler = {"asynchronous": {"mode": "fixed_lag", "lag": LAG}, "rewards": ["tests.fault_helpers.length_reward"],
-               "engine": {"class_path": "tests.asynchronous.recording.RecordingVLLMProcessEngine"}}  # fmt: skip
-    sections = {"sampler": sampler} | ({"trainer": {"callbacks": [fault]}} if fault else {})
+               "engine": {"class_path": f"tests.asynchronous.recording.{engine}"}}  # fmt: skip
+    callbacks = [fault] if fault else []
+    callbacks += [{"class_path": "tests.fault_helpers.SlowSteps", "init_args": {"seconds": 0.4}}] if slow else []
+    sections = {"sampler": sampler} | ({"trainer": {"callbacks": callbacks}} if callbacks else {})
     directory.mkdir(exist_ok=True)
     path = tiny_run_config(directory, STEPS, 5, sections)
     text = path.read_text().replace("hidden_size: 32", "hidden_size: 64").replace("intermediate_size: 64",
@@ -52,7 +57,7 @@ def _sampled(directory) -> list[tuple[int, int]]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     directory = tmp_path_factory.mktemp("process_engine")
-    result = _run(_config(directory))
+    result = _run(_config(directory, slow=True))
     assert result.returncode == 0, result.stderr[-3000:]
     return directory, _per_step(directory / "runs/tiny/version_0"), result
 
@@ -72,8 +77,11 @@ def test_the_trainer_hardly_waits_for_a_round_sampled_in_the_background(uninterr
 
     rows = [r for r in csv.DictReader((directory / "runs/tiny/version_0/metrics.csv").open()) if r.get("time/generate_s")]
     later = [r for r in rows if int(r["step"]) >= 2 * K and int(r["step"]) % K == 0]
-    # the engine's time on each round is spent while the previous one trains: the trainer waits for less of it
-    assert sum(float(r["time/trainer_wait_s"]) for r in later) < sum(float(r["time/generate_s"]) for r in later)
+    # each round samples (at least 0.5 s) while the previous one trains (at least 1.6 s): the trainer waits only for
+    # the weights' snapshot, not for the sampling (it would wait at least the 0.5 s if sampling were in line)
+    generated = sum(float(r["time/generate_s"]) for r in later)
+    assert generated >= 0.5 * len(later)
+    assert sum(float(r["time/trainer_wait_s"]) for r in later) < generated / 2
 
 
 def test_a_killed_run_resumes_with_the_rounds_sampled_ahead_and_none_lost_or_repeated(tmp_path, uninterrupted):

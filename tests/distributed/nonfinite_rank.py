@@ -25,6 +25,7 @@ from gspo_lightning.callbacks.export import gather_policy_state_dict  # noqa: E4
 from gspo_lightning.models import TinyQwen3  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch, PromptBatch  # noqa: E402
 from gspo_lightning.strategies import parameters_are_sharded  # noqa: E402
+from gspo_lightning.process_group import close_process_group  # noqa: E402
 from tests.distributed.one_step import RESPONSES, STRATEGIES, TINY, SGDModule, global_minibatch  # noqa: E402
 
 POISONED_STEP = 1
@@ -82,4 +83,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        close_process_group()  # as the CLI ends: without it gloo's exit race can abort a finished run

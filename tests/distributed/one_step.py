@@ -28,6 +28,7 @@ from gspo_lightning import GSPOModule  # noqa: E402
 from gspo_lightning.callbacks.export import ExportPolicy, gather_policy_state_dict  # noqa: E402
 from gspo_lightning.logprobs import response_logprobs  # noqa: E402
 from gspo_lightning.models import TinyQwen3  # noqa: E402
+from gspo_lightning.process_group import close_process_group  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch, PromptBatch  # noqa: E402
 from gspo_lightning.strategies import (  # noqa: E402
     DecoderLayerFSDP,
@@ -132,4 +133,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        close_process_group()  # as the CLI ends: without it gloo's exit race can abort a finished run

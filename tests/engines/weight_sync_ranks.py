@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gspo_lightning.strategies import fsdp1_root  # noqa: E402
 from gspo_lightning.engines.weight_sync import policy_weight_groups  # noqa: E402
 from gspo_lightning.models import TinyQwen3  # noqa: E402
+from gspo_lightning.process_group import close_process_group  # noqa: E402
 from tests.distributed.one_step import STRATEGIES, TINY, FixedBatches, SGDModule, global_minibatch  # noqa: E402
 
 
@@ -51,4 +52,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        close_process_group()  # as the CLI ends: without it gloo's exit race can abort a finished run
