@@ -155,7 +155,7 @@ def test_minibatches_that_do_not_divide_the_rollout_fail_before_the_policy_is_bu
     monkeypatch.chdir(tmp_path)
     built = []
     monkeypatch.setattr(GSPOModule, "configure_model", lambda self: built.append(1))
-    with pytest.raises(ValueError, match=r"sampler.num_minibatches=3 must divide the rollout batch of 128 responses .*; allowed: \[1, 2, 4, 8, 16, 32, 64, 128\]"):
+    with pytest.raises(ValueError, match=r"sampler.num_minibatches=3 must divide the rollout batch of 256 responses .*; allowed: \[1, 2, 4, 8, 16, 32, 64, 128, 256\]"):
         main(["fit", "-c", str(ROOT / "configs/quickstart.yaml"), "--sampler.num_minibatches=3"])
     assert built == []
 

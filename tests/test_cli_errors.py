@@ -40,8 +40,8 @@ MISTAKES = [
     (["--optimizer.init_args.betas=[1.5, 0.9]"], 1,
      "optimizer.init_args.betas: Invalid beta parameter at index 0: 1.5 (refused by the optimizer when built)"),
     (["--sampler.num_minibatches=3"], 1,
-     "sampler.num_minibatches=3 must divide the rollout batch of 128 responses (data.prompts_per_rollout x "
-     "sampler.group_size); allowed: [1, 2, 4, 8, 16, 32, 64, 128]"),
+     "sampler.num_minibatches=3 must divide the rollout batch of 256 responses (data.prompts_per_rollout x "
+     "sampler.group_size); allowed: [1, 2, 4, 8, 16, 32, 64, 128, 256]"),
     (["--model.init_args.policy=gspo_lightning.models.Pretrained",
       "--model.init_args.policy.init_args.name_or_path=/nonexistent/model"], 1,
      "Pretrained.name_or_path='/nonexistent/model': no such directory (a local save_pretrained directory, or a hub "
