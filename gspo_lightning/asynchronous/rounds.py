@@ -38,7 +38,7 @@ class AsyncRounds:
     def __init__(self, settings: AsyncRollouts, engine: SamplingEngine) -> None:
         self.settings = settings
         self.engine = engine
-        self.producer = make_producer(bool(getattr(engine, "runs_in_background", False)))
+        self.producer = make_producer(engine.runs_in_background)
         self._last_finished: float | None = None
 
     @property

@@ -101,6 +101,15 @@ class SamplingEngine(ABC):
     reports_logprobs_cheaply = False
     """Whether ``sample(..., with_logprobs=True)`` costs nothing extra (then the sampler always asks, for the
     rollout-training mismatch metrics)."""
+    seed = 0
+    """The seed of an engine with random streams of its own (vLLM's): each round's ``sample`` seed is a function
+    of it, the round and the rank. An engine drawing from torch's generator (``generate``) leaves it 0."""
+    tensor_parallel_size = 1
+    """How many training ranks one engine spans (vLLM's tensor parallelism); 1 for an engine per rank."""
+    runs_in_background = False
+    """Whether the engine samples beside training, on a thread of the trainer's process, from weights handed over
+    with ``snapshot_weights`` / ``load_snapshot`` (it never runs the trainer's policy): what
+    ``sampler.asynchronous.mode: streaming`` needs, and what lets fixed lag overlap sampling with training."""
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Once, when training starts (the policy exists): build what the engine needs."""
@@ -113,6 +122,15 @@ class SamplingEngine(ABC):
 
     def teardown(self) -> None:
         """When training ends."""
+
+    def snapshot_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
+        """The trainer's current weights, taken now, for a later ``load_snapshot`` on the engine's thread (an engine
+        that ``runs_in_background`` only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not sample in the background: it takes no snapshots")
+
+    def load_snapshot(self, snapshot: Any) -> None:
+        """Sample from ``snapshot``'s weights from now on (an engine that ``runs_in_background`` only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not sample in the background: it loads no snapshots")
 
     @abstractmethod
     def sample(

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from gspo_lightning.engines.base import SamplingEngine
 from gspo_lightning.rewards.columns import check_reward_columns
 from gspo_lightning.objectives import ADVANTAGE_SCALES
 from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
@@ -253,7 +254,7 @@ def check_micro_batch_budget(
         )
 
 
-def validate_episodes(episodes: Any, prompt_overflow: str, engine: Any) -> None:
+def validate_episodes(episodes: Any, prompt_overflow: str, engine: SamplingEngine) -> None:
     """Settings that contradict multi-turn episodes, refused when the sampler is built."""
     if episodes is None:
         return
@@ -263,7 +264,7 @@ def validate_episodes(episodes: Any, prompt_overflow: str, engine: Any) -> None:
         "fit and its turns stop at sampler.episodes.max_episode_tokens: set sampler.prompt_overflow: error",
     )
     require(
-        getattr(engine, "tensor_parallel_size", 1) == 1,
+        engine.tensor_parallel_size == 1,
         "sampler.episodes with sampler.engine.tensor_parallel_size > 1 is not supported (every rank of a tensor-"
         "parallel engine would have to run the same episodes): use tensor_parallel_size: 1",
     )
@@ -296,7 +297,7 @@ def check_episode_tokenizer(tokenizer: Any, policy: Any = None) -> None:
 
 
 def validate_asynchronous(
-    asynchronous: Any, old_logprobs: str, dynamic_sampling: bool, engine: Any = None, episodes: Any = None,
+    asynchronous: Any, old_logprobs: str, dynamic_sampling: bool, engine: SamplingEngine, episodes: Any = None,
     prompt_overflow: str = "error",
 ) -> None:  # fmt: skip
     """Settings that cannot go with sampling ahead of training, refused when the config is read."""
@@ -305,9 +306,9 @@ def validate_asynchronous(
     mode = f"sampler.asynchronous.mode={asynchronous.mode!r}"
     if asynchronous.mode == "streaming":
         require(
-            bool(getattr(engine, "runs_in_background", False)),
+            engine.runs_in_background,
             f"{mode} needs an engine of its own that generates while the trainer trains (sampler.engine: "
-            f"vllm_process, gspo_lightning.engines.VLLMProcessEngine); got {getattr(engine, 'name', engine)!r}. "
+            f"vllm_process, gspo_lightning.engines.VLLMProcessEngine); got {engine.name!r}. "
             "With hf or vllm use mode: fixed_lag",
         )
         require(episodes is None, f"{mode} does not support sampler.episodes yet: use mode: fixed_lag")

@@ -344,7 +344,7 @@ class GroupSampler(Callback):
         """The seed of one sampling round: a function of the engine's seed, the round and the rank only, so that a
         run (and a resumed run) redraws the same samples with an engine that has its own random streams."""
         rank, _ = rank_and_world()
-        return evaluation_seed(getattr(self.engine, "seed", 0), rollout_index, rank)
+        return evaluation_seed(self.engine.seed, rollout_index, rank)
 
     def state_dict(self) -> dict[str, Any]:
         """Each rank's partly consumed round and random generators travel with the checkpoint, so a resumed
