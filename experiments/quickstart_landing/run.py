@@ -1,6 +1,6 @@
 """Whether the quick start learns wherever its warm start lands: the full run from forced starting points (issue 38).
 
-    python experiments/quickstart_landing/run.py          # about an hour on 2 CPU cores
+    python experiments/quickstart_landing/run.py          # about 35 minutes on 2 CPU cores
 
 Where the supervised warm start stops depends on floating-point rounding (it stops at the first check, every 20
 steps, where its train-side greedy accuracy reaches ``target_accuracy: 0.3``), so each machine starts RL from
