@@ -37,6 +37,7 @@ from gspo_lightning.objectives import (
     reward_kl_penalty,
 )
 from gspo_lightning.resume import apply_configured_settings, check_fixed_settings, optimizer_settings
+from gspo_lightning.rollout.data_contract import DataSide
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
 from gspo_lightning.step_metrics import log_expert_change, log_mismatch, log_step_metrics
 from gspo_lightning.strategies import hands_over_hf_checkpointing, is_fsdp1, refuse_micro_batches_sharded
@@ -174,10 +175,10 @@ class GSPOModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         """Before ``configure_model`` builds (and a warm-start loader trains) the policy: the warm start's task
         settings must be the data's."""
-        datamodule = getattr(attached_trainer(self), "datamodule", None)
+        data = DataSide(getattr(attached_trainer(self), "datamodule", None))
         check = getattr(self.policy_loader, "check_matches", None)
-        if stage == "fit" and callable(check) and datamodule is not None and hasattr(datamodule, "source"):
-            check(datamodule.source, getattr(getattr(datamodule, "formatter", None), "template", None))
+        if stage == "fit" and callable(check) and data.offers("source"):
+            check(data.datamodule.source, data.template())
 
     def configure_model(self) -> None:
         """Build the policy here, not in ``__init__``, so sharded strategies can wrap it as it is created."""

@@ -87,9 +87,10 @@ class _Prompts:
 
 def test_a_budget_the_data_cannot_fit_is_refused_at_fit_start(tokenizer):
     from gspo_lightning.rollout.checks import check_micro_batch_budget
+    from gspo_lightning.rollout.data_contract import DataSide
     from gspo_lightning.validation import SettingError
 
-    data = _Prompts(["1+1=", "123+456="])  # 8 characters: 8 tokens (character tokenizer)
+    data = DataSide(_Prompts(["1+1=", "123+456="]))  # 8 characters: 8 tokens (character tokenizer)
     check_micro_batch_budget(data, tokenizer, 16, 8, context=None)  # 8 + 8 fits
     check_micro_batch_budget(data, tokenizer, None, 8, context=None)  # no budget: nothing to check
     check_micro_batch_budget(data, tokenizer, 12, 8, context=12)  # the context caps a sequence at 12

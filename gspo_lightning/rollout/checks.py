@@ -10,6 +10,7 @@ from typing import Any, Literal
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gspo_lightning.engines.base import SamplingEngine
+from gspo_lightning.rollout.data_contract import DataSide
 from gspo_lightning.rewards.columns import check_reward_columns
 from gspo_lightning.objectives import ADVANTAGE_SCALES
 from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
@@ -93,26 +94,24 @@ def validate_robustness(
     )
 
 
-def check_rollout_shape(datamodule: Any, group_size: int, num_minibatches: int) -> None:
+def check_rollout_shape(data: DataSide, group_size: int, num_minibatches: int) -> None:
     """K must divide P x G, when the data module says what P is (``prompts_per_rollout``)."""
-    prompts = getattr(datamodule, "prompts_per_rollout", None) if datamodule is not None else None
+    prompts = data.prompts_per_rollout()
     if prompts is not None:
         check_divisible(prompts * group_size, num_minibatches)
 
 
-def check_data_columns(datamodule: Any, rewards: Sequence[Any], split: str, setting: str) -> None:
+def check_data_columns(data: DataSide, rewards: Sequence[Any], split: str, setting: str) -> None:
     """Rewards' ``required_columns`` against the data module's columns, once it is set up (PromptDataModule)."""
-    if datamodule is None or not callable(getattr(datamodule, "column_names", None)):
+    if not data.offers("column_names"):
         return
-    where = datamodule.describe_split(split) if hasattr(datamodule, "describe_split") else f"the {split!r} split"
-    check_reward_columns(rewards, datamodule.column_names(split), where, setting)
+    check_reward_columns(rewards, data.datamodule.column_names(split), data.describe_split(split), setting)
 
 
-def check_chat_template(datamodule: Any, tokenizer: Any, policy: Any = None) -> None:
+def check_chat_template(data: DataSide, tokenizer: Any, policy: Any = None) -> None:
     """Chat prompts need a tokenizer with a chat template; checked as soon as both are known (``policy``, the
     policy's loader, names it)."""
-    formatter = getattr(datamodule, "formatter", None) if datamodule is not None else None
-    if tokenizer is None or not getattr(formatter, "chat", False):
+    if tokenizer is None or not data.chat():
         return
     if not getattr(tokenizer, "chat_template", None):
         raise SettingError(
@@ -209,21 +208,20 @@ def validate_evaluation(
     )
 
 
-def check_prompt_lengths(datamodule: Any, tokenizer: Any, context: int | None, max_new_tokens: int) -> None:
+def check_prompt_lengths(data: DataSide, tokenizer: Any, context: int | None, max_new_tokens: int) -> None:
     """Every prompt of the data module's splits, tokenised as sampling tokenises it, fits the policy's context with
     ``max_new_tokens`` (``sampler.prompt_overflow: error``): checked at fit start, where a data module lists its
     prompts (``prompt_chunks``), so that one over-long row among thousands does not end a run when it is drawn."""
-    chunks = getattr(datamodule, "prompt_chunks", None)
-    if context is None or not callable(chunks):
+    if context is None or not data.offers("prompt_chunks"):
         return
     for split in ("train", "eval"):
         first, count = None, 0
-        for start, prompts in chunks(split):
+        for start, prompts in data.datamodule.prompt_chunks(split):
             lengths = encode_prompts(tokenizer, prompts, "cpu")[1].sum(-1).tolist()  # [P] prompt tokens
             over = [(start + row, n, prompts[row]) for row, n in enumerate(lengths) if n + max_new_tokens > context]
             first, count = first or (over[0] if over else None), count + len(over)
         if first is not None:
-            where = datamodule.describe_split(split) if hasattr(datamodule, "describe_split") else repr(split)
+            where = data.describe_split(split)
             text = str(first[2])
             raise SettingError(
                 f"row {first[0]} (counting from 0) of {where}, the prompt {text[:40] + '...' * (len(text) > 40)!r}, "
@@ -235,15 +233,15 @@ def check_prompt_lengths(datamodule: Any, tokenizer: Any, context: int | None, m
 
 
 def check_micro_batch_budget(
-    datamodule: Any, tokenizer: Any, budget: int | None, max_new_tokens: int, context: int | None
+    data: DataSide, tokenizer: Any, budget: int | None, max_new_tokens: int, context: int | None
 ) -> None:
     """The longest sequence the training data can make (its longest prompt, tokenised as sampling tokenises it,
     with ``max_new_tokens`` response tokens, within the context) fits ``model.micro_batch_tokens``: checked at
     fit start, not when the first long response is drawn. Padded micro-batches cost rows x that width at most."""
-    chunks = getattr(datamodule, "prompt_chunks", None)
-    if budget is None or not callable(chunks):
+    if budget is None or not data.offers("prompt_chunks"):
         return
-    lengths = (encode_prompts(tokenizer, prompts, "cpu")[1].sum(-1) for _, prompts in chunks("train") if prompts)
+    chunks = data.datamodule.prompt_chunks("train")
+    lengths = (encode_prompts(tokenizer, prompts, "cpu")[1].sum(-1) for _, prompts in chunks if prompts)
     longest = max((int(tokens.max()) for tokens in lengths), default=0)
     need = longest + max_new_tokens if context is None else min(longest + max_new_tokens, context)
     if need > budget:
@@ -329,14 +327,9 @@ def validate_asynchronous(
     )
 
 
-def check_asynchronous(datamodule: Any, correction_mode: str, asynchronous: Any) -> None:
+def check_asynchronous(data: DataSide, correction_mode: str, asynchronous: Any) -> None:
     """At fit start: the data module serves any round's prompts by index, and a warning for an uncorrected run."""
-    require(
-        callable(getattr(datamodule, "rollout_batch", None)),
-        f"sampler.asynchronous.mode={asynchronous.mode!r} samples rounds ahead, so the data module must serve any "
-        f"round's prompts by index (rollout_batch(index), as PromptDataModule does); {type(datamodule).__name__} "
-        "does not",
-    )
+    data.needs("rollout_batch", f"sampler.asynchronous.mode={asynchronous.mode!r} (it samples rounds ahead)")
     if correction_mode == "off":
         rank_zero_warn(
             f"sampler.asynchronous.mode={asynchronous.mode!r} with model.rollout_correction.mode: off: samples come "

@@ -18,6 +18,7 @@ from gspo_lightning.episodes.rewards import environment_reward
 from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.metrics import PassAtK
 from gspo_lightning.rollout.checks import check_data_columns, validate_evaluation
+from gspo_lightning.rollout.data_contract import DataSide
 from gspo_lightning.rollout.episodes import episode_run, sample_and_score_episodes
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, sample_and_score
 from gspo_lightning.rollout.sampler import GroupSampler
@@ -138,7 +139,7 @@ class HeldOutEvaluation(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # after the data module's setup, before configure_model builds the policy
-            check_data_columns(trainer.datamodule, [self.correct_for(trainer)], "eval", "evaluation.correct")
+            check_data_columns(DataSide(trainer.datamodule), [self.correct_for(trainer)], "eval", "evaluation.correct")
 
     def correct_for(self, trainer: pl.Trainer) -> Callable[..., list[float]]:
         """``correct``; unset, what scores the training sampler's episodes' environment (see :func:`default_correct`)."""
@@ -148,10 +149,7 @@ class HeldOutEvaluation(Callback):
         return default_correct(sampler.round.episodes if sampler is not None else None)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not callable(getattr(trainer.datamodule, "heldout_dataloader", None)):
-            raise AttributeError(
-                "HeldOutEvaluation needs a data module with heldout_dataloader() (e.g. PromptDataModule)"
-            )
+        DataSide(trainer.datamodule).needs("heldout_dataloader", "evaluation (HeldOutEvaluation)")
         self._engine_of(trainer).setup(trainer, pl_module)  # once: the sampler's may already be set up
 
     def _engine_of(self, trainer: pl.Trainer) -> SamplingEngine:

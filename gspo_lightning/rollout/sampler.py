@@ -28,6 +28,7 @@ from gspo_lightning.rewards.isolation import RewardIsolation, RewardRunner
 from gspo_lightning.rewards.scoring import RewardErrors, RewardFunction
 from gspo_lightning.rollout import checks
 from gspo_lightning.rollout.checks import OldLogprobSource
+from gspo_lightning.rollout.data_contract import DataSide
 from gspo_lightning.rollout.contract import SamplerModule, check_built, check_sampler_module, round_model
 from gspo_lightning.rollout.minibatches import check_divisible
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length
@@ -190,30 +191,34 @@ class GroupSampler(Callback):
         if stage != "fit":
             return
         module = check_sampler_module(pl_module)
-        checks.check_rollout_shape(trainer.datamodule, self.group_size, self.num_minibatches)
-        checks.check_chat_template(trainer.datamodule, module.tokenizer, getattr(module, "policy_loader", None))
+        data = DataSide(trainer.datamodule)
+        checks.check_rollout_shape(data, self.group_size, self.num_minibatches)
+        checks.check_chat_template(data, module.tokenizer, getattr(module, "policy_loader", None))
         checks.check_routing_replay(module.routing_replay, self.old_logprobs)
         checks.check_rollout_correction(module.rollout_correction.mode, self.old_logprobs)
-        checks.check_data_columns(trainer.datamodule, self.rewards, "train", "sampler.rewards")
+        checks.check_data_columns(data, self.rewards, "train", "sampler.rewards")
+        if self.round.dynamic_sampling:
+            data.needs("draw_prompts", "sampler.dynamic_sampling (it refills a round with more prompts)")
         checks.check_turn_advantages(self.round.episodes, pl_module)
         if self._ahead is not None:
-            checks.check_asynchronous(trainer.datamodule, module.rollout_correction.mode, self.asynchronous)
+            checks.check_asynchronous(data, module.rollout_correction.mode, self.asynchronous)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = check_sampler_module(pl_module)
         check_built(module)
         loader = getattr(module, "policy_loader", None)
-        checks.check_chat_template(trainer.datamodule, module.tokenizer, loader)  # a tokenizer built in configure_model
+        data = DataSide(trainer.datamodule)
+        checks.check_chat_template(data, module.tokenizer, loader)  # a tokenizer built in configure_model
         context = context_length(module.policy, module.tokenizer)
         if self.round.episodes is not None:
             checks.check_episode_tokenizer(module.tokenizer, loader)
             self.round.episodes.episode_budget(context)  # within the context
         elif self.round.prompt_overflow == "error":
-            checks.check_prompt_lengths(trainer.datamodule, module.tokenizer, context, module.max_new_tokens)
+            checks.check_prompt_lengths(data, module.tokenizer, context, module.max_new_tokens)
         if self.round.episodes is None:  # an episode's length is its turns': checked as each minibatch is cut
             budget = module.batch_layout.micro_batch_tokens
             checks.check_micro_batch_budget(
-                trainer.datamodule, module.tokenizer, budget, module.max_new_tokens, context
+                data, module.tokenizer, budget, module.max_new_tokens, context
             )
         for reward in self.rewards:  # e.g. LengthPenalty counts the policy's tokens
             if callable(getattr(reward, "setup", None)):
@@ -289,7 +294,7 @@ class GroupSampler(Callback):
                 self.round,
                 batch,
                 self.round_seed(batch.rollout_index),
-                draw_prompts=getattr(trainer.datamodule, "draw_prompts", None),
+                draw_prompts=trainer.datamodule.draw_prompts if self.round.dynamic_sampling else None,
                 any_rank=lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False),
             )
 

@@ -9,6 +9,7 @@ import pytest
 from gspo_lightning.episodes import EpisodeSettings, calculator, environment_reward
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout import checks
+from gspo_lightning.rollout.data_contract import DataSide
 from gspo_lightning.rollout.evaluation import HeldOutEvaluation, default_correct
 from gspo_lightning.validation import SettingError
 from tests.episodes.envs import Counting
@@ -73,7 +74,7 @@ def test_chat_prompts_without_a_chat_template_say_how_to_do_without_or_give_one(
             chat = True
 
     with pytest.raises(SettingError) as raised:
-        checks.check_chat_template(ChatData(), tool_loader(chat_template=None).load_tokenizer())
+        checks.check_chat_template(DataSide(ChatData()), tool_loader(chat_template=None).load_tokenizer())
     assert str(raised.value) == (
         "the data module builds chat prompts (data.init_args.chat_template: true) but the policy's tokenizer has no "
         "chat template: set data.init_args.chat_template: false (and put the instruction into "
