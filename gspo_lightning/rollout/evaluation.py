@@ -146,7 +146,7 @@ class HeldOutEvaluation(Callback):
         if self.correct is not None:
             return self.correct
         sampler = _training_sampler(trainer)
-        return default_correct(sampler.round.episodes if sampler is not None else None)
+        return default_correct(sampler.episodes if sampler is not None else None)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         DataSide(trainer.datamodule).needs("heldout_dataloader", "evaluation (HeldOutEvaluation)")
@@ -218,10 +218,10 @@ class HeldOutEvaluation(Callback):
         n = self.samples_per_prompt
         sampler = _training_sampler(trainer)
         scoring = Scoring([self.correct_for(trainer)], [1.0], settings=["evaluation.correct"])
-        if sampler is not None and sampler.round.episodes is not None:  # the held-out prompts as episodes too
+        if sampler is not None and sampler.episodes is not None:  # the held-out prompts as episodes too
             run = episode_run(
                 self._engine, pl_module.policy, pl_module.tokenizer, self.sampling_settings(pl_module),
-                sampler.round.episodes, sampler.round.scoring.errors, synced_gpus=parameters_are_sharded(trainer),
+                sampler.episodes, sampler.reward_errors, synced_gpus=parameters_are_sharded(trainer),
                 device=pl_module.device,
             )  # fmt: skip
             any_rank = lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False)  # noqa: E731

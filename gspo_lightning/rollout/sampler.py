@@ -186,6 +186,16 @@ class GroupSampler(Callback):
     def num_minibatches(self) -> int:
         return self.round.num_minibatches
 
+    @property
+    def episodes(self) -> EpisodeSettings | None:
+        """``sampler.episodes`` (None: single responses); the held-out evaluation samples its prompts alike."""
+        return self.round.episodes
+
+    @property
+    def reward_errors(self) -> str:
+        """``sampler.reward_errors``: what a failed reward, tool or environment does (also in the evaluation)."""
+        return self.round.scoring.errors
+
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Checks that need no model: Lightning calls this before ``configure_model`` builds the policy."""
         if stage != "fit":
