@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gspo_lightning.callbacks.export import gather_policy_state_dict  # noqa: E402
 from gspo_lightning.models import TinyQwen3  # noqa: E402
+from gspo_lightning.process_group import close_process_group  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch, PromptBatch  # noqa: E402
 from gspo_lightning.strategies import parameters_are_sharded  # noqa: E402
-from gspo_lightning.process_group import close_process_group  # noqa: E402
 from tests.distributed.one_step import RESPONSES, STRATEGIES, TINY, SGDModule, global_minibatch  # noqa: E402
 
 POISONED_STEP = 1

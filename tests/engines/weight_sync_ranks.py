@@ -17,10 +17,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gspo_lightning.strategies import fsdp1_root  # noqa: E402
 from gspo_lightning.engines.weight_sync import policy_weight_groups  # noqa: E402
 from gspo_lightning.models import TinyQwen3  # noqa: E402
 from gspo_lightning.process_group import close_process_group  # noqa: E402
+from gspo_lightning.strategies import fsdp1_root  # noqa: E402
 from tests.distributed.one_step import STRATEGIES, TINY, FixedBatches, SGDModule, global_minibatch  # noqa: E402
 
 
