@@ -79,7 +79,10 @@ def _progress(loader: SupervisedWarmStart, destination: Path | None) -> Iterator
     where = f"; cached in {destination}" if destination is not None else ""
     until = "for its steps" if loader.target_accuracy is None else f"until {loader.target_accuracy:.0%} greedy accuracy"
     tqdm.write(f"warm start: training the policy {until} (once{where})", file=sys.stderr)
-    bar = tqdm(total=loader.max_steps, desc="warm start", unit="step", mininterval=1.0, dynamic_ncols=True)
+    # Not drawn into a log file (a batch job's stderr), where its redraws pile up on one line: the lines before
+    # and after say what it did.
+    bar = tqdm(total=loader.max_steps, desc="warm start", unit="step", mininterval=1.0, dynamic_ncols=True,
+               disable=not sys.stderr.isatty())  # fmt: skip
     try:
         yield bar
     finally:

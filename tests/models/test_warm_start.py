@@ -217,14 +217,20 @@ def test_an_incomplete_cache_entry_is_trained_again(tmp_path: Path, monkeypatch:
     assert len(calls) == 1 and warm_start.is_complete(path)
 
 
-def test_training_shows_its_progress_and_its_outcome(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """A warm start takes minutes on a busy machine: it says what it trains towards, shows its steps and accuracy,
-    and how it ended, instead of nothing."""
+@pytest.mark.parametrize("terminal", [True, False])
+def test_training_shows_its_progress_and_its_outcome(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch,
+                                                     terminal: bool) -> None:  # fmt: skip
+    """A warm start takes minutes on a busy machine: it says what it trains towards, shows its steps and accuracy
+    (on a terminal: in a log file the bar's redraws would pile up on one line), and how it ended."""
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
     loader = tiny(tmp_path, max_steps=20)
     loader.load_model(loader.load_tokenizer())
     err = capsys.readouterr().err
     assert f"warm start: training the policy until 100% greedy accuracy (once; cached in {loader.cache_path()})" in err
-    assert "warm start: 100%|" in err and "20/20" in err and "accuracy" in err  # the bar, filled
+    assert ("warm start: 100%|" in err and "20/20" in err) == terminal  # the bar, filled
+    assert ("warm start:   0%|" in err) == terminal  # no redraw at all into a log file
     assert "after 20 steps" in err and "stopped at max_steps short of the target 100%" in err
     capsys.readouterr()
     loader.load_model(loader.load_tokenizer())  # cached: nothing to show
