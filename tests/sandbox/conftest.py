@@ -172,6 +172,11 @@ def victims() -> Victims:
     yield victims
     for server in victims.servers:
         server.close()
+    # Without namespaces (the best_effort fallback) a program shares the host's /tmp: links it left there pointing
+    # into the victims go with them (hostile.py's links_to_victims_left_behind makes /tmp/runs)
+    for path in Path("/tmp").iterdir():
+        if path.is_symlink() and os.readlink(path).startswith(str(root)):
+            path.unlink()
     for path in sorted(root.rglob("*"), key=lambda p: -len(p.parts)):
         if path.is_dir() and not path.is_symlink():
             path.chmod(0o700)
