@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from gspo_lightning.engines.base import SamplingEngine, SamplingSettings, padded
+from gspo_lightning.engines.continuation import SEED_STRIDE, continue_token_lists, new_tokens
 from gspo_lightning.rollout.pipeline import Scoring, decode_responses, encode_prompts, repeat_each
 from gspo_lightning.rollout.pipeline import response_mask_until_eos
 from gspo_lightning.rewards.scoring import score_completions
@@ -235,15 +236,12 @@ class StreamingProducer:
         rows = [(group, j) for group in self.in_flight.values() for j in range(self.group_size) if not group.ended[j]]
         tokenizer = self.model.tokenizer
         contexts = [group.prompt_ids + group.tokens[j] for group, j in rows]
-        prompt_ids = padded(contexts, tokenizer.pad_token_id, left=True)  # [M, L]
-        prompt_mask = padded([[1] * len(c) for c in contexts], 0, left=True)  # [M, L]
         chunk = SamplingSettings(self.chunk_tokens, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k)
-        seed = self.seed + 1_000_003 * self._chunks
+        seed = self.seed + SEED_STRIDE * self._chunks
         self._chunks += 1
-        samples = self.engine.sample(self.model.policy, tokenizer, prompt_ids, prompt_mask, chunk, 1, True, False, seed)
+        samples = continue_token_lists(self.engine, self.model.policy, tokenizer, contexts, chunk, seed, True)
         for (group, j), ids, logprobs in zip(rows, samples.response_ids.tolist(), samples.logprobs.tolist()):
-            budget = self.sampling.max_new_tokens - len(group.tokens[j])
-            taken = _until_eos(ids, tokenizer.eos_token_id, tokenizer.pad_token_id)[:budget]
+            taken = new_tokens(ids, tokenizer.eos_token_id, self.sampling.max_new_tokens - len(group.tokens[j]))
             group.tokens[j] += taken
             group.logprobs[j] += logprobs[: len(taken)]
             group.versions[j] += [self.loaded_version] * len(taken)
@@ -266,13 +264,6 @@ class StreamingProducer:
         )  # fmt: skip
         group.rewards = rewards.tolist()
         group.components = {name: scores.tolist() for name, scores in components.items()}
-
-
-def _until_eos(ids: list[int], eos: int, pad: int) -> list[int]:
-    """A chunk's tokens up to and including EOS (the engine pads after it)."""
-    if eos in ids:
-        return ids[: ids.index(eos) + 1]
-    return [token for token in ids if token != pad] if pad != eos else ids
 
 
 def groups_rollout(groups: list[Group], tokenizer: Any, device: torch.device | str) -> Rollout:

@@ -19,7 +19,8 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings
+from gspo_lightning.engines.continuation import SEED_STRIDE, continue_token_lists, new_tokens
 from gspo_lightning.episodes.environment import (
     Environment,
     EnvironmentFactory,
@@ -33,7 +34,6 @@ from gspo_lightning.validation import UserCodeError, qualified_name
 
 logger = logging.getLogger(__name__)
 
-_TURN_SEED_STRIDE = 1_000_003  # turn k's requests are seeded seed + k * stride + row: no two share a stream
 
 
 class EpisodeError(RuntimeError):
@@ -128,7 +128,7 @@ def run_episodes(
             break
         offset = 0
         for group in _budget_groups(run, episodes, active):
-            samples = _sample_turn(run, [episodes[index] for index in group], seed + turn * _TURN_SEED_STRIDE + offset)
+            samples = _sample_turn(run, [episodes[index] for index in group], seed + turn * SEED_STRIDE + offset)
             for row, index in enumerate(group):
                 _take_turn(run, episodes[index], samples, row)
             offset += len(group)  # every request of a turn draws from its own seeded stream
@@ -176,27 +176,19 @@ def _budget_groups(run: EpisodeRun, episodes: list[EpisodeState], active: list[i
 
 
 def _sample_turn(run: EpisodeRun, active: list[EpisodeState], seed: int) -> EngineSamples:
-    """One engine call for every active episode: its whole history, left-padded, one continuation each."""
-    pad = run.tokenizer.pad_token_id
-    contexts = [e.prompt_ids + e.response_ids for e in active] or [[pad]]  # a rank with none still joins
-    ids = padded(contexts, pad, left=True)  # [A, L]
-    mask = padded([[1] * len(c) for c in contexts], 0, left=True)  # [A, L]
+    """One engine call for every active episode: its whole history, one continuation each."""
     budget = max((_remaining(run, e) for e in active), default=1)
     settings = SamplingSettings(budget, run.sampling.temperature, run.sampling.top_p, run.sampling.top_k)
-    return run.engine.sample(
-        run.policy, run.tokenizer, ids.to(run.device), mask.to(run.device), settings, 1,
-        run.with_logprobs, run.synced_gpus, seed,
-    )  # fmt: skip
+    contexts = [e.prompt_ids + e.response_ids for e in active]
+    return continue_token_lists(run.engine, run.policy, run.tokenizer, contexts, settings, seed, run.with_logprobs,
+                                run.synced_gpus, run.device)  # fmt: skip
 
 
 def _take_turn(run: EpisodeRun, episode: EpisodeState, samples: EngineSamples, row: int) -> None:
     """Append the sampled turn (up to and including EOS, within the episode's budget) as policy tokens."""
     eos = run.tokenizer.eos_token_id
-    tokens = samples.response_ids[row].tolist()
-    if eos in tokens:
-        tokens = tokens[: tokens.index(eos) + 1]
     room = _remaining(run, episode)
-    tokens = tokens[:room]
+    tokens = new_tokens(samples.response_ids[row].tolist(), eos, room)
     logprobs = samples.logprobs[row, : len(tokens)].tolist() if samples.logprobs is not None else None
     episode.append(tokens, policy=True, logprobs=logprobs)
     ended = bool(tokens) and tokens[-1] == eos
