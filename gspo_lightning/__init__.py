@@ -2,7 +2,8 @@
 
 from gspo_lightning.callbacks import ExportPolicy
 from gspo_lightning.module import GSPOModule
-from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation, Minibatch, PromptBatch, Rollout
+from gspo_lightning.rollout import Minibatch, PromptBatch, Rollout
+from gspo_lightning.sampling import GroupSampler, HeldOutEvaluation
 
 __version__ = "0.1.0"
 __all__ = [

@@ -34,7 +34,7 @@ from gspo_lightning.interrupt import STOPPED_BY_CTRL_C, StopOnInterrupt
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.process_group import close_process_group
 from gspo_lightning.progress import RunRecord, progress_bar
-from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
+from gspo_lightning.sampling import GroupSampler, HeldOutEvaluation
 from gspo_lightning.run_dirs import new_run_folder, remove_if_nothing_of_value, resolve_resume
 from gspo_lightning.summary import RunOutcome, resume_command, rollout_mode, summary_text
 from gspo_lightning.validation import SettingError, UserError

@@ -20,7 +20,7 @@ from lightning.pytorch import Trainer
 
 from gspo_lightning.data import PromptDataModule
 from gspo_lightning.module import GSPOModule
-from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
+from gspo_lightning.sampling import GroupSampler, HeldOutEvaluation
 
 PROGRAM = "python -m gspo_lightning"
 """The program's name in usage lines (``gspo-lightning``, the installed script, when run as that)."""

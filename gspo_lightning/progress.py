@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBar
 
-from gspo_lightning.rollout import HeldOutEvaluation
+from gspo_lightning.sampling import HeldOutEvaluation
 
 REWARD = "rollout/reward_mean"
 LAG_MEAN, LAG_MAX = "rollout/lag_tokens_mean", "rollout/lag_tokens_max"

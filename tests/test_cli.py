@@ -19,7 +19,7 @@ from gspo_lightning.data.formatting import template_fields
 from gspo_lightning.data.sample_data import available_samples, sample_path
 from gspo_lightning.models import TinyQwen3
 from gspo_lightning.module import GSPOModule
-from gspo_lightning.rollout import HeldOutEvaluation
+from gspo_lightning.sampling import HeldOutEvaluation
 from tests.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ def _loaded_from(name: str) -> str:
 
 MISTAKES = [
     (["--sampler.group_sise=4"], 2,
-     "unknown setting sampler.group_sise (gspo_lightning.rollout.sampler.GroupSampler); did you mean group_size?"),
+     "unknown setting sampler.group_sise (gspo_lightning.sampling.sampler.GroupSampler); did you mean group_size?"),
     (["--seed_everyting=3"], 2, "unknown setting seed_everyting; did you mean seed_everything?"),
     (["--trainer.max_steps=abc"], 2, "trainer.max_steps: expected int, got 'abc'"),
     (["--model.init_args.lr=1e-4"], 2,
@@ -93,7 +93,7 @@ YAML_MISTAKES = [
      "unknown setting model.init_args.policy.init_args.num_digitz "
      "(gspo_lightning.data.arithmetic_warm_start.WarmStartedTinyQwen3); did you mean num_digits?"),
     ("sampler:\n  group_sise: 4\n",
-     "unknown setting sampler.group_sise (gspo_lightning.rollout.sampler.GroupSampler); did you mean group_size?"),
+     "unknown setting sampler.group_sise (gspo_lightning.sampling.sampler.GroupSampler); did you mean group_size?"),
     # a class path inside a class's init_args, named with the init_args the file has
     ("model:\n  init_args:\n    policy:\n      class_path: gspo_lightning.data.WarmStartedTinyQwen\n",
      "model.init_args.policy: cannot import gspo_lightning.data.WarmStartedTinyQwen: module gspo_lightning.data has "
@@ -120,14 +120,14 @@ def test_through_python_dash_m_the_mistake_is_the_only_thing_on_stderr(tmp_path)
     result = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "error: unknown setting sampler.group_sise (gspo_lightning.rollout.sampler.GroupSampler); did you mean "
+        "error: unknown setting sampler.group_sise (gspo_lightning.sampling.sampler.GroupSampler); did you mean "
         "group_size?"
     ]
 
 
 def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
     """Only mistakes in what the user wrote are shortened: an error of the code itself propagates."""
-    from gspo_lightning.rollout import GroupSampler
+    from gspo_lightning.sampling import GroupSampler
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")

@@ -11,7 +11,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gspo_lightning"
 
 # package (or module) -> what it must never import
 FORBIDDEN = {
-    "rollout": ("gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.cli"),
+    # rollout: the round's core; the round modes (asynchronous/) and the callbacks (sampling/) sit above it
+    "rollout": ("gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.cli", "gspo_lightning.asynchronous",
+                "gspo_lightning.sampling"),
     "models": ("gspo_lightning.data", "gspo_lightning.rollout", "gspo_lightning.rewards", "gspo_lightning.module"),
     "data": ("gspo_lightning.module", "gspo_lightning.cli", "gspo_lightning.engines"),
     "engines": ("gspo_lightning.rollout", "gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.models"),
@@ -21,15 +23,17 @@ FORBIDDEN = {
     "episodes": ("gspo_lightning.rollout", "gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.cli",
                  "lightning"),
     # asynchronous: when a round is sampled and with which weights; the round's stages stay rollout's
-    "asynchronous": ("gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.cli"),
+    "asynchronous": ("gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.cli", "gspo_lightning.sampling"),
+    "sampling": ("gspo_lightning.data", "gspo_lightning.module", "gspo_lightning.cli"),
     "rollout/round.py": ("lightning",),
     "diagnostics.py": ("lightning", "torch.distributed"),
     "logprobs.py": ("lightning", "torch.distributed"),
 }
 
 
-# the one import that points back up: old class paths of the task warm starts, resolved on first use
-ALLOWED = {("models/__init__.py", "gspo_lightning.data")}
+# the imports that point back up: old class paths (the task warm starts, the sampling callbacks), resolved on
+# first use
+ALLOWED = {("models/__init__.py", "gspo_lightning.data"), ("rollout/__init__.py", "gspo_lightning.sampling")}
 
 
 def _imports(path: Path) -> set[str]:

@@ -7,7 +7,7 @@ from gspo_lightning.objectives import ObjectiveSpec
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout.minibatches import split_minibatches
 from gspo_lightning.rollout.round import RoundModel
-from gspo_lightning.rollout.sampler import GroupSampler
+from gspo_lightning.sampling.sampler import GroupSampler
 from gspo_lightning.rollout.types import PromptBatch
 from tests.conftest import TINY
 

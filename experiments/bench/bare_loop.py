@@ -56,7 +56,7 @@ from gspo_lightning.objectives import (  # noqa: E402
 from gspo_lightning.rewards.scoring import score_completions  # noqa: E402
 from gspo_lightning.rollout.minibatches import split_minibatches  # noqa: E402
 from gspo_lightning.rollout.pipeline import decode_responses, encode_prompts, response_mask_until_eos  # noqa: E402
-from gspo_lightning.rollout.sampler import GroupSampler  # noqa: E402
+from gspo_lightning.sampling.sampler import GroupSampler  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout  # noqa: E402
 
 QUICKSTART = ROOT / "configs/quickstart.yaml"

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from experiments.bench.bare_loop import QUICKSTART, StepWindow, with_defaults  # noqa: E402
 from experiments.common import run_fit  # noqa: E402
 from gspo_lightning.cli import composed_config  # noqa: E402
-from gspo_lightning.rollout import GroupSampler  # noqa: E402
+from gspo_lightning.sampling import GroupSampler  # noqa: E402
 from gspo_lightning.models.warm_start import cache_root  # noqa: E402
 
 BARE_LOOP = ROOT / "experiments/bench/bare_loop.py"

@@ -68,6 +68,9 @@ class InlineProducer:
             raise RuntimeError(f"round {round_index} was never submitted for sampling (have {sorted(self._done)})")
         return self._done.pop(round_index)
 
+    def drain(self) -> None:
+        """Wait until no job is in flight (before a checkpoint, an evaluation borrowing the engine, the end)."""
+
     def finished(self) -> list[SampledRound]:
         """Every sampled round not yet taken, once nothing is in flight (for the checkpoint), in round order."""
         return [self._done[index] for index in sorted(self._done)]
@@ -107,7 +110,6 @@ class BackgroundProducer(InlineProducer):
         return super().take(round_index)
 
     def drain(self) -> None:
-        """Wait until no job is in flight (before a checkpoint, an evaluation borrowing the engine, the end)."""
         for index in sorted(self._futures):
             self._done[index] = self._futures.pop(index).result()
 

@@ -13,11 +13,11 @@ At the start of round r (the trainer's weights are version r):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 
 from gspo_lightning.asynchronous.checkpoint import restored_sampled_round, sampled_round_state
@@ -25,15 +25,20 @@ from gspo_lightning.asynchronous.metrics import response_lags, version_lag_stats
 from gspo_lightning.asynchronous.producer import Job, make_producer
 from gspo_lightning.asynchronous.schedule import rounds_to_submit
 from gspo_lightning.asynchronous.settings import AsyncRollouts
-from gspo_lightning.asynchronous.streaming import StreamingProducer, groups_rollout
-from gspo_lightning.engines.base import SamplingEngine, SamplingSettings
-from gspo_lightning.rollout.round import RoundModel, RoundResult, RoundSettings, sample_round, train_round
+from gspo_lightning.asynchronous.streaming import StreamingProducer, StreamPlan, dynamic_sampling_counts, groups_rollout
+from gspo_lightning.engines.base import SamplingEngine
+from gspo_lightning.rollout.pipeline import context_length
+from gspo_lightning.rollout.round import RoundModel, RoundSettings, round_trajectory_run, sample_round, train_round
+from gspo_lightning.rollout.source import RoundRequest, SourcedRound
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
 from gspo_lightning.strategies import inference_context
 
 
-class AsyncRounds:
-    """The sampled-ahead rounds of one rank and the producer sampling them (see the module docstring)."""
+class FixedLagRounds:
+    """``mode: fixed_lag``: the sampled-ahead rounds of one rank and the producer sampling them (see the module
+    docstring); a ``rollout/source.py`` ``RoundSource``."""
+
+    seconds_logged = ("trainer_wait_s", "engine_idle_s")
 
     def __init__(self, settings: AsyncRollouts, engine: SamplingEngine) -> None:
         self.settings = settings
@@ -45,79 +50,61 @@ class AsyncRounds:
     def runs_in_background(self) -> bool:
         return self.producer.runs_in_background
 
-    def next_round(
-        self,
-        trainer: pl.Trainer,
-        round_index: int,
-        model: Callable[[], RoundModel],
-        round_settings: RoundSettings,
-        prompts_of: Callable[[int], PromptBatch],
-        seed_of: Callable[[int], int],
-        any_rank: Callable[[bool], bool] = bool,
-    ) -> tuple[RoundResult, dict[str, torch.Tensor], dict[str, float]]:
-        """Submit what is due at ``round_index``, then train on its samples: the round, its lag and queue figures
-        (``rollout/``), and ``trainer_wait_s`` / ``engine_idle_s``. ``any_rank``: as ``run_round``'s (in-line
-        sampling under sharded parameters is a collective)."""
+    def next_round(self, request: RoundRequest) -> SourcedRound:
+        """Submit what is due at ``request.index``, then train on its samples: the round, its lag and queue
+        figures, and ``trainer_wait_s`` / ``engine_idle_s``."""
         started = time.perf_counter()
+        round_index = request.index
         # Round r itself is due when nothing sampled it ahead (a run resumed from a checkpoint without it)
         wanted = sorted({round_index, *rounds_to_submit(round_index, self.settings.lag)})
         due = [index for index in wanted if index not in self.producer]
         if due:
-            self._submit(trainer, round_index, due, model, round_settings, prompts_of, seed_of, any_rank)
+            self._submit(request, due)
         sampled = self.producer.take(round_index)
         waited = time.perf_counter() - started
         idle = 0.0 if self._last_finished is None else max(0.0, sampled.started - self._last_finished)
         self._last_finished = sampled.finished or None
-        with inference_context(trainer):
-            result = train_round(sampled.rollout, model(), round_settings, {}, sampled.seconds)
+        with inference_context(request.trainer):
+            result = train_round(sampled.rollout, request.model(), request.settings, {}, sampled.seconds)
         assert sampled.rollout.policy_versions is not None
         result.minibatches = with_lags(result.minibatches, response_lags(sampled.rollout.policy_versions, round_index))
         stats = version_lag_stats(sampled.rollout.policy_versions, round_index, self.settings.lag)
         stats["queue_depth"] = torch.tensor(float(self.producer.depth))
-        return result, stats, {"trainer_wait_s": waited, "engine_idle_s": idle}
+        return SourcedRound(result, stats, {"trainer_wait_s": waited, "engine_idle_s": idle})
 
-    def _submit(
-        self,
-        trainer: pl.Trainer,
-        version: int,
-        due: list[int],
-        model: Callable[[], RoundModel],
-        round_settings: RoundSettings,
-        prompts_of: Callable[[int], PromptBatch],
-        seed_of: Callable[[int], int],
-        any_rank: Callable[[bool], bool],
-    ) -> None:
+    def _submit(self, request: RoundRequest, due: list[int]) -> None:
+        trainer, version = request.trainer, request.index
         module = trainer.lightning_module
+
+        def job_of(index: int, before: Callable[[], None] | None = None) -> Job:
+            return _sampling_job(self.engine, request.model(), request.settings, request.prompts_of(index),
+                                 request.seed_of(index), version, before, request.any_rank)  # fmt: skip
+
         if self.producer.runs_in_background:
             snapshot = self.engine.snapshot_weights(trainer, module)  # version's weights, taken now
             load: Callable[[], None] = lambda: self.engine.load_snapshot(snapshot)  # noqa: E731
             for index in due:
-                job = _sampling_job(self.engine, model(), round_settings, prompts_of(index), seed_of(index), version, load)
-                self.producer.submit(index, version, job)
+                self.producer.submit(index, version, job_of(index, load))
             return
         self.engine.before_rollout(trainer, module)  # the engine gets the current weights
         with inference_context(trainer):
             for index in due:
-                job = _sampling_job(self.engine, model(), round_settings, prompts_of(index), seed_of(index), version,
-                                    any_rank=any_rank)  # fmt: skip
-                self.producer.submit(index, version, job)
+                self.producer.submit(index, version, job_of(index))
         self.engine.after_rollout()
 
-    def lend(self) -> None:
-        """The engine is about to be used from the trainer's thread: wait for the work in flight."""
-        drain = getattr(self.producer, "drain", None)
-        if drain is not None:
-            drain()
-
-    def give_back(self) -> None:
-        """Each job loads its own snapshot: nothing to restore."""
+    @contextmanager
+    def lend(self) -> Iterator[None]:
+        """The engine used from the trainer's thread: the work in flight finishes first; each later job loads its
+        own snapshot, so nothing is restored afterwards."""
+        self.producer.drain()
+        yield
 
     def state_dict(self) -> list[dict[str, Any]]:
         """This rank's sampled rounds not yet trained (waits for those in flight)."""
         return [sampled_round_state(sampled) for sampled in self.producer.finished()]
 
-    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
-        self.producer.restore([restored_sampled_round(entry) for entry in state])
+    def load_state_dict(self, state: list[dict[str, Any]] | None) -> None:
+        self.producer.restore([restored_sampled_round(entry) for entry in state or []])
         self._last_finished = None
 
     def close(self) -> None:
@@ -155,9 +142,10 @@ def with_policy_versions(rollout: Rollout, version: int) -> Rollout:
 
 class StreamingRounds:
     """``mode: streaming``: a ``StreamingProducer`` generates without pause; each round pushes the trainer's weights
-    to it and trains on its P next groups (``asynchronous/streaming.py``)."""
+    to it and trains on its P next groups (``asynchronous/streaming.py``); a ``rollout/source.py`` ``RoundSource``."""
 
     runs_in_background = True
+    seconds_logged = ("trainer_wait_s", "engine_idle_s")
 
     def __init__(self, settings: AsyncRollouts, engine: SamplingEngine) -> None:
         self.settings = settings
@@ -166,66 +154,75 @@ class StreamingRounds:
         self._restored: dict[str, Any] | None = None
         self._batches: dict[int, PromptBatch] = {}
 
-    def next_round(
-        self,
-        trainer: pl.Trainer,
-        round_index: int,
-        model: Callable[[], RoundModel],
-        round_settings: RoundSettings,
-        prompts_of: Callable[[int], PromptBatch],
-        seed_of: Callable[[int], int],
-        any_rank: Callable[[bool], bool] = bool,
-    ) -> tuple[RoundResult, dict[str, torch.Tensor], dict[str, float]]:
-        current = model()
+    def next_round(self, request: RoundRequest) -> SourcedRound:
+        current, trainer, round_index = request.model(), request.trainer, request.index
         if self.producer is None:
-            self.producer = self._start(current, round_settings, prompts_of, seed_of(0), len(prompts_of(round_index)))
+            self.producer = self._start(current, request)
+        if request.draw_prompts is not None and len(self.producer.refill) < len(request.batch):
+            more = request.draw_prompts()  # on this thread: the data module's stream and the checkpoint agree
+            self.producer.add_refill([(prompt, {name: values[i] for name, values in more.columns.items()})
+                                      for i, prompt in enumerate(more.prompts)])  # fmt: skip
         started = time.perf_counter()
         self.producer.push_weights(round_index, self.engine.snapshot_weights(trainer, trainer.lightning_module))
         groups = self.producer.take_round(round_index)
         waited = time.perf_counter() - started
-        rollout = groups_rollout(groups, current.tokenizer, current.device)
+        rollout = groups_rollout(groups, self.producer.plan, current.device)
+        counts = dynamic_sampling_counts(groups, request.settings.group_size) if request.draw_prompts else {}
+        seconds = self.producer.take_seconds()
         with inference_context(trainer):
-            result = train_round(rollout, current, round_settings)
+            result = train_round(rollout, current, request.settings, counts, seconds)
         assert rollout.policy_versions is not None
         result.minibatches = with_lags(result.minibatches, response_lags(rollout.policy_versions, round_index))
         stats = version_lag_stats(rollout.policy_versions, round_index, self.settings.max_staleness)
         stats["queue_depth"] = torch.tensor(float(self.producer.depth))
         stats["partial_frac"] = partial_fraction(rollout.policy_versions)
-        result.seconds.update(self.producer.take_seconds())
-        return result, stats, {"trainer_wait_s": waited}
+        return SourcedRound(result, stats, {"trainer_wait_s": waited})
 
-    def _start(
-        self, model: RoundModel, settings: RoundSettings, prompts_of: Callable[[int], PromptBatch], seed: int,
-        prompts_per_round: int,
-    ) -> StreamingProducer:  # fmt: skip
+    def _start(self, model: RoundModel, request: RoundRequest) -> StreamingProducer:
+        prompts_per_round = len(request.batch)
+
         def prompt_of(index: int) -> tuple[Any, dict[str, Any]]:
             round_index, slot = divmod(index, prompts_per_round)
             if round_index not in self._batches:
-                self._batches = {round_index: prompts_of(round_index)}  # rounds are admitted in order
+                self._batches = {round_index: request.prompts_of(round_index)}  # rounds are admitted in order
             batch = self._batches[round_index]
             return batch.prompts[slot], {name: values[slot] for name, values in batch.columns.items()}
 
-        sampling = SamplingSettings(model.max_new_tokens, model.temperature, settings.top_p, settings.top_k)
-        producer = StreamingProducer(
-            self.engine, model, settings.scoring, sampling, settings.group_size, prompts_per_round,
-            self.settings.max_staleness, self.settings.chunk_tokens, prompt_of, seed,
-        )  # fmt: skip
+        settings = request.settings
+        plan = StreamPlan(
+            run=round_trajectory_run(self.engine, replace(model, engine_logprobs=True, synced_gpus=False), settings),
+            scoring=settings.scoring,
+            group_size=settings.group_size,
+            prompts_per_round=prompts_per_round,
+            max_staleness=self.settings.max_staleness,
+            chunk_tokens=self.settings.chunk_tokens,
+            seed=request.seed_of(0),
+            context=context_length(model.policy, model.tokenizer),
+            prompt_overflow=settings.prompt_overflow,
+            dynamic_sampling=settings.dynamic_sampling,
+            max_extra_draws=settings.max_extra_draws,
+        )
+        producer = StreamingProducer(plan, prompt_of)
         if self._restored is not None:
             producer.load_state_dict(self._restored)
         return producer
 
-    def lend(self) -> None:
-        if self.producer is not None:
-            self.producer.pause()
-
-    def give_back(self) -> None:
-        if self.producer is not None:
-            self.producer.resume()  # it loads its own weights again before its next chunk
+    @contextmanager
+    def lend(self) -> Iterator[None]:
+        """The loop waits between chunks until the engine is given back, then loads its own weights again."""
+        if self.producer is None:
+            yield
+            return
+        self.producer.pause()
+        try:
+            yield
+        finally:
+            self.producer.resume()
 
     def state_dict(self) -> dict[str, Any]:
         return self.producer.state_dict() if self.producer is not None else (self._restored or {})
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
         self._restored = state or None
 
     def close(self) -> None:
@@ -250,8 +247,3 @@ def partial_fraction(policy_versions: torch.Tensor) -> torch.Tensor:
     low = torch.where(valid, policy_versions, 1 << 30).amin(-1)  # [N]
     has = valid.any(-1)  # [N]
     return ((high > low) & has).float().sum().div(has.sum().clamp(min=1)).cpu()
-
-
-def make_rounds(settings: AsyncRollouts, engine: SamplingEngine) -> AsyncRounds | StreamingRounds:
-    """The rounds of ``settings.mode`` (fixed lag or streaming)."""
-    return StreamingRounds(settings, engine) if settings.mode == "streaming" else AsyncRounds(settings, engine)

@@ -1,20 +1,25 @@
 """Streaming rollouts (``mode: streaming``): generation never waits for training, and no token is ever more than
 ``max_staleness`` policy versions old when it is trained.
 
-The unit is a prompt group (G samples of one prompt) with an admission index n: prompt n % P of round n // P,
-trained in round n // P, in admission order. A background thread generates every admitted, unfinished sample in
-chunks of ``chunk_tokens`` (each chunk continues a sample from its prompt and its tokens so far), and between
-chunks loads the newest weights the trainer pushed: a sample in flight when the weights change continues under the
-new ones (a partial rollout), and every token records the version that produced it.
+The unit is a prompt group (G trajectories of one prompt: single responses or multi-turn episodes) with an
+admission index n: prompt n % P of round n // P, trained in round n // P, in admission order. A background thread
+advances every admitted, unfinished trajectory by ``chunk_tokens`` with ``episodes/loop.py``'s ``advance`` (the
+generator synchronous rounds use, a whole turn at a time), and between chunks loads the newest weights the trainer
+pushed: a sample in flight when the weights change continues under the new ones (a partial rollout; an episode's
+turns, and even one turn, may span versions), and every policy token records the version that produced it.
 
 Admission control keeps the bound: group n is admitted only while the engine's weights are at least version
 n // P - max_staleness. Its tokens are all of that version or newer, and it trains at version n // P, so no token
 is older than the bound; finished work is never thrown away (dropping biases training toward short responses).
 
-Resume: groups finished and not yet trained travel with the checkpoint; groups in flight are saved by index and
-regenerated from their start after a restart (with the weights of the resumed run). No prompt is lost or trained
-twice; the regenerated samples are new draws, so a streaming run is not bitwise reproducible (its timing decides
-which weights each chunk sees).
+Dynamic sampling: a finished group whose rewards are all equal is replaced, in its slot n, by the next prompt of
+``PromptDataModule.draw_prompts`` (drawn on the trainer's thread, ahead, into ``refill``), at most
+``max_extra_draws`` times per slot; the replacement is admitted later, under newer weights, so the bound holds.
+
+Resume: groups finished and not yet trained travel with the checkpoint; groups in flight are saved with their
+prompt and regenerated from their start after a restart (environments reset again, with the weights of the resumed
+run). No prompt is lost or trained twice; the regenerated samples are new draws, so a streaming run is not bitwise
+reproducible (its timing decides which weights each chunk sees).
 """
 
 from __future__ import annotations
@@ -22,46 +27,68 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from gspo_lightning.engines.base import SamplingEngine, SamplingSettings, padded
-from gspo_lightning.engines.continuation import SEED_STRIDE, continue_token_lists, new_tokens
-from gspo_lightning.rollout.pipeline import Scoring, decode_responses, encode_prompts, repeat_each
-from gspo_lightning.rollout.pipeline import response_mask_until_eos
-from gspo_lightning.rewards.scoring import score_completions
+from gspo_lightning.engines.continuation import SEED_STRIDE
+from gspo_lightning.episodes.loop import EpisodeRun, EpisodeState, advance, reset_episode
+from gspo_lightning.rollout.dynamic_sampling import informative_groups
+from gspo_lightning.rollout.trajectories import RolloutLayout, episode_rollout, fitted_responses, score_episodes
+from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring
 from gspo_lightning.rollout.types import Prompt, Rollout
+
+PromptRow = tuple[Prompt, dict[str, Any]]
+"""A prompt and its data columns (one value each)."""
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """What the streaming loop generates with: the trajectories' run (``make_environment`` None: single
+    responses), their scoring, the round's shape, the bound, and the settings a group is admitted under."""
+
+    run: EpisodeRun
+    scoring: Scoring
+    group_size: int
+    prompts_per_round: int
+    max_staleness: int
+    chunk_tokens: int
+    seed: int
+    context: int | None = None
+    prompt_overflow: PromptOverflow = "error"
+    dynamic_sampling: bool = False
+    max_extra_draws: int = 4
+
+    @property
+    def single(self) -> bool:
+        return self.run.make_environment is None
 
 
 @dataclass
 class Group:
-    """One prompt's G samples, as far as they have been generated.
+    """One prompt's G trajectories, as far as they have been generated.
 
     Attributes:
         index: admission index n (trained in round n // P).
         prompt: the formatted prompt; ``columns``: its data columns (one value each).
-        prompt_ids: its tokens.
-        tokens / logprobs / versions: per sample, the tokens so far, the engine's log-probs of them and the policy
-            version that produced each.
-        ended: per sample, whether it is complete (EOS, or ``max_new_tokens`` reached).
+        trajectories: the G ``EpisodeState``s (tokens, log-probs, versions, turns).
+        draws: prompts drawn for this slot after its first (dynamic sampling).
+        rewards / components: once finished, the weighted rewards [G] and each function's scores.
     """
 
     index: int
     prompt: Prompt
     columns: dict[str, Any]
-    prompt_ids: list[int]
-    tokens: list[list[int]]
-    logprobs: list[list[float]]
-    versions: list[list[int]]
-    ended: list[bool]
-    rewards: list[float] = field(default_factory=list)
-    components: dict[str, list[float]] = field(default_factory=dict)
+    trajectories: list[EpisodeState]
+    draws: int = 0
+    rewards: Tensor | None = None
+    components: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
-        return all(self.ended)
+        return all(trajectory.done for trajectory in self.trajectories)
 
 
 def admissible(index: int, loaded_version: int, prompts_per_round: int, max_staleness: int) -> bool:
@@ -73,30 +100,16 @@ def admissible(index: int, loaded_version: int, prompts_per_round: int, max_stal
 class StreamingProducer:
     """The background generation loop of ``mode: streaming`` (see the module docstring).
 
-    The trainer's side: ``push_weights`` at each round's start, ``take_round`` for the round's P groups,
-    ``state_dict`` / ``load_state_dict`` for checkpoints, ``close``.
+    The trainer's side: ``push_weights`` at each round's start, ``add_refill`` (dynamic sampling), ``take_round``
+    for the round's P groups, ``state_dict`` / ``load_state_dict`` for checkpoints, ``close``.
     """
 
-    def __init__(
-        self,
-        engine: SamplingEngine,
-        model: Any,
-        scoring: Scoring,
-        sampling: SamplingSettings,
-        group_size: int,
-        prompts_per_round: int,
-        max_staleness: int,
-        chunk_tokens: int,
-        prompt_of: Callable[[int], tuple[Prompt, dict[str, Any]]],
-        seed: int,
-    ) -> None:
-        self.engine, self.model, self.scoring, self.sampling = engine, model, scoring, sampling
-        self.group_size, self.prompts_per_round = group_size, prompts_per_round
-        self.max_staleness, self.chunk_tokens = max_staleness, chunk_tokens
-        self.prompt_of, self.seed = prompt_of, seed
+    def __init__(self, plan: StreamPlan, prompt_of: Callable[[int], PromptRow]) -> None:
+        self.plan, self.prompt_of = plan, prompt_of
         self.next_index = 0
         self.in_flight: dict[int, Group] = {}
         self.finished: dict[int, Group] = {}
+        self.refill: list[PromptRow] = []  # dynamic sampling's next prompts, drawn on the trainer's thread
         self.loaded_version = -1
         self._pushed: tuple[int, Any] | None = None
         self._chunks = 0
@@ -104,7 +117,7 @@ class StreamingProducer:
         self._stop = False
         self._paused = False
         self._busy = False
-        self._readmit: list[int] = []  # groups in flight at the checkpoint, regenerated first
+        self._readmit: list[dict[str, Any]] = []  # groups in flight at the checkpoint, regenerated first
         self._current: Any = None  # the snapshot the loop samples with
         self._seconds = {"generate_s": 0.0, "engine_idle_s": 0.0}  # since the last round was taken
         self._changed = threading.Condition()
@@ -121,9 +134,15 @@ class StreamingProducer:
             self._thread = threading.Thread(target=self._loop, name="gspo-streaming", daemon=True)
             self._thread.start()
 
+    def add_refill(self, rows: list[PromptRow]) -> None:
+        """More prompts for dynamic sampling's replacements."""
+        with self._changed:
+            self.refill += rows
+
     def take_round(self, round_index: int) -> list[Group]:
         """Round ``round_index``'s P groups, in admission order (waits until all are finished)."""
-        wanted = range(round_index * self.prompts_per_round, (round_index + 1) * self.prompts_per_round)
+        size = self.plan.prompts_per_round
+        wanted = range(round_index * size, (round_index + 1) * size)
         with self._changed:
             self._changed.wait_for(lambda: self._error is not None or all(n in self.finished for n in wanted))
             if self._error is not None:
@@ -131,7 +150,8 @@ class StreamingProducer:
             return [self.finished.pop(n) for n in wanted]
 
     def take_seconds(self) -> dict[str, float]:
-        """The loop's ``generate_s`` (chunks, scoring) and ``engine_idle_s`` (waiting) since the last call."""
+        """The loop's ``generate_s`` (chunks, environments, scoring) and ``engine_idle_s`` (waiting) since the last
+        call."""
         with self._changed:
             seconds, self._seconds = self._seconds, {"generate_s": 0.0, "engine_idle_s": 0.0}
             return seconds
@@ -154,18 +174,22 @@ class StreamingProducer:
             self._changed.notify_all()
 
     def state_dict(self) -> dict[str, Any]:
-        """Finished groups (kept) and the indices of those in flight (regenerated after a restart)."""
+        """Finished groups (kept, as plain data), those in flight by prompt (regenerated after a restart) and the
+        prompts drawn for replacements."""
         with self._changed:
             return {
                 "next_index": self.next_index,
-                "finished": [vars(group).copy() for group in self.finished.values()],
-                "in_flight": sorted([*self.in_flight, *self._readmit]),
+                "finished": [group_state(group) for group in self.finished.values()],
+                "in_flight": sorted([*map(admission_state, self.in_flight.values()), *self._readmit],
+                                    key=lambda entry: entry["index"]),  # fmt: skip
+                "refill": [list(row) for row in self.refill],
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next_index = state["next_index"]
-        self.finished = {entry["index"]: Group(**entry) for entry in state["finished"]}
+        self.finished = {entry["index"]: restored_group(entry) for entry in state["finished"]}
         self._readmit = list(state["in_flight"])
+        self.refill = [(prompt, columns) for prompt, columns in state.get("refill", [])]
 
     def close(self) -> None:
         with self._changed:
@@ -193,7 +217,7 @@ class StreamingProducer:
                     self._busy = True
                 if pushed is not None and pushed[0] > self.loaded_version:
                     self._current, self.loaded_version = pushed[1], pushed[0]
-                self.engine.load_snapshot(self._current)  # nothing to do unless the weights changed or were lent
+                self.plan.run.engine.load_snapshot(self._current)  # nothing to do unless the weights changed or were lent
                 working = time.perf_counter()
                 self._admit()
                 if self.in_flight:
@@ -209,85 +233,111 @@ class StreamingProducer:
         return bool(self.in_flight) or self._admissible()
 
     def _next_to_admit(self) -> int:
-        return self._readmit[0] if self._readmit else self.next_index
+        return self._readmit[0]["index"] if self._readmit else self.next_index
 
     def _admissible(self) -> bool:
         index = self._next_to_admit()
-        return self.loaded_version >= 0 and admissible(index, self.loaded_version, self.prompts_per_round,
-                                                       self.max_staleness)  # fmt: skip
+        return self.loaded_version >= 0 and admissible(index, self.loaded_version, self.plan.prompts_per_round,
+                                                       self.plan.max_staleness)  # fmt: skip
 
     def _admit(self) -> None:
         while self._admissible():
-            index = self._next_to_admit()
-            prompt, columns = self.prompt_of(index)
-            ids, mask = encode_prompts(self.model.tokenizer, [prompt], "cpu")  # [1, Lp] x2
-            g = self.group_size
-            group = Group(index, prompt, columns, ids[0][mask[0].bool()].tolist(), [[] for _ in range(g)],
-                          [[] for _ in range(g)], [[] for _ in range(g)], [False] * g)  # fmt: skip
+            if self._readmit:
+                entry = self._readmit[0]
+                group = self._new_group(entry["index"], entry["prompt"], entry["columns"], entry["draws"])
+            else:
+                group = self._new_group(self.next_index, *self.prompt_of(self.next_index))
             with self._changed:
-                self.in_flight[index] = group
+                self.in_flight[group.index] = group
                 if self._readmit:
                     self._readmit.pop(0)
                 else:
                     self.next_index += 1
 
+    def _new_group(self, index: int, prompt: Prompt, columns: dict[str, Any], draws: int = 0) -> Group:
+        """Group ``index``'s G fresh trajectories: environments reset, or the prompt fitted to the context."""
+        plan, g = self.plan, self.plan.group_size
+        if plan.single:
+            trajectories = fitted_responses(plan.run, [prompt], g, plan.context, plan.prompt_overflow)
+        else:
+            row = {**columns, "prompt": prompt}
+            trajectories = [reset_episode(plan.run, row, index * g + j) for j in range(g)]
+        return Group(index, prompt, columns, trajectories, draws)
+
     def _generate_chunk(self) -> None:
-        """One chunk of every unfinished sample under the loaded weights."""
-        rows = [(group, j) for group in self.in_flight.values() for j in range(self.group_size) if not group.ended[j]]
-        tokenizer = self.model.tokenizer
-        contexts = [group.prompt_ids + group.tokens[j] for group, j in rows]
-        chunk = SamplingSettings(self.chunk_tokens, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k)
-        seed = self.seed + SEED_STRIDE * self._chunks
+        """One step of every unfinished trajectory under the loaded weights, at most ``chunk_tokens`` each."""
+        states = [t for group in self.in_flight.values() for t in group.trajectories if not t.done]
+        seed = self.plan.seed + SEED_STRIDE * self._chunks
         self._chunks += 1
-        samples = continue_token_lists(self.engine, self.model.policy, tokenizer, contexts, chunk, seed, True)
-        for (group, j), ids, logprobs in zip(rows, samples.response_ids.tolist(), samples.logprobs.tolist()):
-            taken = new_tokens(ids, tokenizer.eos_token_id, self.sampling.max_new_tokens - len(group.tokens[j]))
-            group.tokens[j] += taken
-            group.logprobs[j] += logprobs[: len(taken)]
-            group.versions[j] += [self.loaded_version] * len(taken)
-            ended = bool(taken) and taken[-1] == tokenizer.eos_token_id
-            group.ended[j] = ended or len(group.tokens[j]) >= self.sampling.max_new_tokens or not taken
+        advance(self.plan.run, states, list(range(len(states))), seed, self.loaded_version, self.plan.chunk_tokens,
+                self.plan.group_size)
         for index in [n for n, group in self.in_flight.items() if group.done]:
-            self._score(self.in_flight[index])
+            group = self._scored(self.in_flight[index])
+            if self._replaces(group):
+                prompt, columns = self.refill.pop(0)
+                with self._changed:
+                    self.in_flight[index] = self._new_group(index, prompt, columns, group.draws + 1)
+                continue
             with self._changed:
                 self.finished[index] = self.in_flight.pop(index)
                 self._changed.notify_all()
 
-    def _score(self, group: Group) -> None:
-        rows = padded(group.tokens, self.model.tokenizer.pad_token_id)  # [G, R]
-        mask, _ = response_mask_until_eos(rows, self.model.tokenizer.eos_token_id)  # [G, R]
-        completions = decode_responses(self.model.tokenizer, rows, mask)
-        columns = {name: [value] * self.group_size for name, value in group.columns.items()}
-        rewards, components = score_completions(
-            self.scoring.rewards, self.scoring.weights, [group.prompt] * self.group_size, completions, columns,
-            runner=self.scoring.runner, errors=self.scoring.errors, settings=self.scoring.settings,
-        )  # fmt: skip
-        group.rewards = rewards.tolist()
-        group.components = {name: scores.tolist() for name, scores in components.items()}
+    def _scored(self, group: Group) -> Group:
+        columns = {name: [value] for name, value in group.columns.items()}
+        group.rewards, group.components = score_episodes(
+            group.trajectories, [group.prompt], columns, self.plan.group_size, self.plan.scoring, self.plan.single
+        )  # [G]
+        return group
+
+    def _replaces(self, group: Group) -> bool:
+        """Dynamic sampling: an uninformative group gives its slot to a new prompt, while draws are left."""
+        plan = self.plan
+        if not plan.dynamic_sampling or group.draws >= plan.max_extra_draws:
+            return False
+        assert group.rewards is not None
+        with self._changed:
+            return bool(self.refill) and not bool(informative_groups(group.rewards, plan.group_size)[0])
 
 
-def groups_rollout(groups: list[Group], tokenizer: Any, device: torch.device | str) -> Rollout:
-    """A round's P finished groups laid out as a ``Rollout`` (prompt i's G samples at rows i*G .. i*G + G - 1)."""
-    size = len(groups[0].tokens)
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, [group.prompt for group in groups], device)  # [P, Lp] x2
-    tokens = [sample for group in groups for sample in group.tokens]
-    response_ids = padded(tokens, tokenizer.pad_token_id).to(device)  # [N, R]
-    response_mask, truncated = response_mask_until_eos(response_ids, tokenizer.eos_token_id)  # [N, R], [N]
-    response_mask = response_mask * padded([[1] * len(t) for t in tokens], 0).to(device)  # [N, R] not past the end
-    logprobs = padded([lp for g in groups for lp in g.logprobs], 0.0, torch.float32).to(device)  # [N, R]
-    versions = padded([v for g in groups for v in g.versions], -1).to(device)  # [N, R]
-    components = {name: torch.tensor([s for g in groups for s in g.components[name]]) for name in groups[0].components}
-    return Rollout(
-        prompt_ids=prompt_ids.repeat_interleave(size, dim=0),  # [N, Lp]
-        prompt_mask=prompt_mask.repeat_interleave(size, dim=0),  # [N, Lp]
-        response_ids=response_ids,
-        response_mask=response_mask,
-        rewards=torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32, device=device),  # [N]
-        advantages=None,
-        truncated=truncated,
-        completions=decode_responses(tokenizer, response_ids, response_mask),
-        prompts=repeat_each([group.prompt for group in groups], size),
-        reward_components=components,
-        engine_logprobs=logprobs,
-        policy_versions=torch.where(response_mask.bool(), versions, -1),  # [N, R]
-    )
+def admission_state(group: Group) -> dict[str, Any]:
+    """What regenerates a group in flight after a restart: its slot, its prompt and its draws so far."""
+    return {"index": group.index, "prompt": group.prompt, "columns": group.columns, "draws": group.draws}
+
+
+def group_state(group: Group) -> dict[str, Any]:
+    """A finished group as plain data for the checkpoint (its environments left behind)."""
+    trajectories = [
+        {f.name: getattr(t, f.name) for f in fields(EpisodeState) if f.name != "environment"}
+        for t in group.trajectories
+    ]
+    return admission_state(group) | {"trajectories": trajectories, "rewards": group.rewards,
+                                     "components": group.components}  # fmt: skip
+
+
+def restored_group(entry: dict[str, Any]) -> Group:
+    trajectories = [EpisodeState(environment=None, **fields_) for fields_ in entry["trajectories"]]
+    return Group(entry["index"], entry["prompt"], entry["columns"], trajectories, entry["draws"], entry["rewards"],
+                 entry["components"])  # fmt: skip
+
+
+def groups_rollout(groups: list[Group], plan: StreamPlan, device: torch.device | str) -> Rollout:
+    """A round's P finished groups laid out as a ``Rollout`` (prompt i's G samples at rows i*G .. i*G + G - 1),
+    with every policy token's version."""
+    trajectories = [t for group in groups for t in group.trajectories]
+    rewards = torch.cat([group.rewards for group in groups if group.rewards is not None])  # [N]
+    components = {name: torch.cat([group.components[name] for group in groups]) for name in groups[0].components}
+    layout = RolloutLayout(plan.single, with_logprobs=True, with_versions=True,
+                           skip_cut=plan.single and plan.prompt_overflow == "skip")  # fmt: skip
+    return episode_rollout(
+        trajectories, [group.prompt for group in groups], rewards, components, plan.group_size, plan.run.tokenizer,
+        plan.run.max_turns, layout, device,
+    )  # fmt: skip
+
+
+def dynamic_sampling_counts(groups: list[Group], group_size: int) -> dict[str, int]:
+    """Dynamic sampling's figures of one streamed round (``extra_draws``: prompts drawn one at a time)."""
+    rewards = torch.cat([group.rewards for group in groups if group.rewards is not None])  # [N]
+    kept = int(informative_groups(rewards, group_size).sum())
+    draws = sum(group.draws for group in groups)
+    return {"groups_drawn": len(groups) + draws, "groups_dropped": draws + len(groups) - kept, "groups_kept": kept,
+            "extra_draws": draws}  # fmt: skip

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
-from gspo_lightning.rollout.sampler import GroupSampler
+from gspo_lightning.sampling.sampler import GroupSampler
 from gspo_lightning.rollout.types import Prompt, Rollout
 from gspo_lightning.validation import require
 

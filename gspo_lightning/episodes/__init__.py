@@ -9,7 +9,7 @@
     loop.py         all episodes advance together, turn by turn, on the engine
     rewards.py      what reward functions see of an episode (environment_reward)
 
-``gspo_lightning.rollout.episodes`` turns finished episodes into a ``Rollout``.
+``gspo_lightning.rollout.trajectories`` turns finished episodes into a ``Rollout``.
 """
 
 from gspo_lightning.episodes.environment import Environment, Message, Step, ToolEnvironment, ToolError

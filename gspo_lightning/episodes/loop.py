@@ -1,10 +1,13 @@
-"""The episode loop: all P x G episodes advance together, turn by turn, on the sampling engine.
+"""The one generator of trajectories: every sample of a round, a single response or a multi-turn episode, is an
+``EpisodeState`` advanced by ``advance`` on the sampling engine.
 
-    reset every environment -> [ engine samples one turn for every unfinished episode (one batch)
-                                 -> each environment answers its turn -> its observation's template tokens ]
-                                repeated until every episode is done or hit a limit
+    reset every environment -> [ engine continues every unfinished trajectory (one batch)
+                                 -> a finished turn: its environment answers -> its observation's template tokens ]
+                                repeated until every trajectory is done or hit a limit
 
-Finished episodes drop out of the batch. Every continuation is the episode's whole token history (its own
+A single response is a one-turn trajectory with no environment. ``advance`` takes a whole turn (synchronous
+rounds) or at most ``chunk`` tokens of it (streaming, which may load new weights between two steps: a turn then
+spans versions, each token recording its own in ``versions``). Finished trajectories drop out of the batch. Every continuation is the episode's whole token history (its own
 sampled ids and the template's, never re-encoded text), so vLLM's prefix cache serves what it has seen, and the
 cost of a turn is the new observation's prefill. No Lightning here.
 """
@@ -19,7 +22,7 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded
 from gspo_lightning.engines.continuation import SEED_STRIDE, continue_token_lists, new_tokens
 from gspo_lightning.episodes.environment import (
     Environment,
@@ -50,18 +53,22 @@ class EpisodeState:
     """One episode as it unfolds: its tokens (ids, never text), who wrote each, and what happened.
 
     The response is everything after the first context: ``response_ids`` with ``policy_mask`` 1 where the
-    policy wrote the token (its engine log-prob in ``logprobs``, its turn in ``turn_of``) and 0 where the
-    template, a tool or the environment did (``turn_of`` -1).
+    policy wrote the token (its engine log-prob in ``logprobs``, its turn in ``turn_of``, the policy version that
+    sampled it in ``versions``) and 0 where the template, a tool or the environment did (``turn_of`` and
+    ``versions`` -1). ``environment`` None: a single response (one turn, nothing answers it).
     """
 
-    environment: Environment
+    environment: Environment | None
     messages: list[Message]
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
     policy_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turn_of: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
+    turn_tokens: int = 0  # the current turn's tokens so far (a turn taken in chunks)
+    prompt_cut: bool = False  # the prompt was cut to fit the context (sampler.prompt_overflow)
     tool_calls: int = 0
     tool_errors: int = 0
     done: bool = False
@@ -76,11 +83,12 @@ class EpisodeState:
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
-    def append(self, ids: list[int], policy: bool, logprobs: list[float] | None = None) -> None:
+    def append(self, ids: list[int], policy: bool, logprobs: list[float] | None = None, version: int = 0) -> None:
         self.response_ids += ids
         self.policy_mask += [int(policy)] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
         self.turn_of += [self.turns if policy else -1] * len(ids)
+        self.versions += [version if policy else -1] * len(ids)
 
     def stop(self, truncated_by: str | None = None) -> None:
         self.done, self.truncated_by = True, truncated_by
@@ -88,17 +96,18 @@ class EpisodeState:
 
 @dataclass(frozen=True)
 class EpisodeRun:
-    """What one batch of episodes runs with: the engine and policy, a turn's sampling, the limits.
+    """What one batch of trajectories runs with: the engine and policy, a turn's sampling, the limits.
 
-    ``budget`` is the most tokens an episode holds (prompt included; None: no limit but the turns').
-    ``errors`` is ``sampler.reward_errors``: ``raise`` or ``skip``.
+    ``make_environment`` None: single responses (``max_turns`` 1). ``budget`` is the most tokens an episode holds
+    (prompt included; None: no limit but the turns'). ``errors`` is ``sampler.reward_errors``: ``raise`` or
+    ``skip``.
     """
 
     engine: SamplingEngine
     policy: nn.Module
     tokenizer: PreTrainedTokenizerBase
     sampling: SamplingSettings
-    make_environment: EnvironmentFactory
+    make_environment: EnvironmentFactory | None
     max_turns: int
     budget: int | None
     errors: str = "raise"
@@ -118,7 +127,7 @@ def run_episodes(
     """``group_size`` episodes per prompt (prompt i's at i*G .. i*G + G - 1), each run to its end. ``any_rank``
     turns this rank's "I have episodes going" into all ranks' decision (a collective under sharded sampling)."""
     episodes = [
-        _reset(run, {**{name: values[i] for name, values in columns.items()}, "prompt": prompt}, index)
+        reset_episode(run, {**{name: values[i] for name, values in columns.items()}, "prompt": prompt}, index)
         for i, prompt in enumerate(prompts)
         for index in range(i * group_size, (i + 1) * group_size)
     ]
@@ -126,19 +135,66 @@ def run_episodes(
         active = [index for index, episode in enumerate(episodes) if not episode.done]
         if not any_rank(bool(active)):  # sharded sampling is a collective: every rank samples as long as any does
             break
-        offset = 0
-        for group in _budget_groups(run, episodes, active):
-            samples = _sample_turn(run, [episodes[index] for index in group], seed + turn * SEED_STRIDE + offset)
-            for row, index in enumerate(group):
-                _take_turn(run, episodes[index], samples, row)
-            offset += len(group)  # every request of a turn draws from its own seeded stream
-        for index in active:
-            if not episodes[index].done:
-                _answer(run, episodes[index], index)
+        advance(run, episodes, active, seed + turn * SEED_STRIDE)
     return episodes
 
 
-def _reset(run: EpisodeRun, row: dict[str, Any], index: int) -> EpisodeState:
+def advance(
+    run: EpisodeRun, states: list[EpisodeState], active: list[int], seed: int, version: int = 0,
+    chunk: int | None = None, group_size: int = 1,
+) -> None:  # fmt: skip
+    """One step of the ``active`` trajectories (indices into ``states``, their row numbers in errors): the rest of
+    each one's turn, or at most ``chunk`` tokens of it, sampled by policy ``version``; each whose turn ended is
+    answered by its environment (or, a single response, is done). Single responses not yet started, in blocks of
+    ``group_size`` of one prompt, are sampled as one prompt with ``group_size`` continuations (one prefill)."""
+    fresh = _fresh_groups(states, active, group_size)
+    if fresh:
+        samples = _sample_groups(run, [states[index] for index in fresh], group_size, seed, chunk)
+        for row, index in enumerate(fresh):
+            _take_turn(run, states[index], samples, row, version, chunk)
+    rest, offset = [index for index in active if index not in set(fresh)], len(fresh)
+    for group in _budget_groups(run, states, rest, chunk) if rest or not fresh else []:
+        samples = _sample_turn(run, [states[index] for index in group], seed + offset, chunk)
+        for row, index in enumerate(group):
+            _take_turn(run, states[index], samples, row, version, chunk)
+        offset += len(group)  # every request of a step draws from its own seeded stream
+    for index in active:
+        episode = states[index]
+        if episode.done or episode.turn_tokens:  # finished, or its turn goes on in the next chunk
+            continue
+        if episode.environment is None:
+            episode.stop()  # a single response: one turn
+        else:
+            _answer(run, episode, index)
+
+
+def _fresh_groups(states: list[EpisodeState], active: list[int], group_size: int) -> list[int]:
+    """The active single responses not yet started, as whole blocks of ``group_size`` sharing one prompt."""
+    if group_size < 2:
+        return []
+    fresh = [i for i in active if states[i].environment is None and not states[i].response_ids]
+    blocks = [fresh[start : start + group_size] for start in range(0, len(fresh), group_size)]
+    whole = [block for block in blocks if len(block) == group_size and block[-1] - block[0] == group_size - 1
+             and all(states[i].prompt_ids == states[block[0]].prompt_ids for i in block)]  # fmt: skip
+    return [index for block in whole for index in block]
+
+
+def _sample_groups(
+    run: EpisodeRun, fresh: list[EpisodeState], group_size: int, seed: int, chunk: int | None
+) -> EngineSamples:
+    """One engine call for fresh single responses: each block's prompt once, ``group_size`` continuations."""
+    budget = run.sampling.max_new_tokens if chunk is None else min(run.sampling.max_new_tokens, chunk)
+    settings = SamplingSettings(budget, run.sampling.temperature, run.sampling.top_p, run.sampling.top_k)
+    prompts = [state.prompt_ids for state in fresh[::group_size]]
+    ids = padded(prompts, run.tokenizer.pad_token_id, left=True).to(run.device)  # [P, Lp]
+    mask = padded([[1] * len(prompt) for prompt in prompts], 0, left=True).to(run.device)  # [P, Lp]
+    return run.engine.sample(run.policy, run.tokenizer, ids, mask, settings, group_size, run.with_logprobs,
+                             run.synced_gpus, seed)  # fmt: skip
+
+
+def reset_episode(run: EpisodeRun, row: dict[str, Any], index: int) -> EpisodeState:
+    """Episode ``index`` of a batch, its environment reset with ``row`` (the prompt and its data columns)."""
+    assert run.make_environment is not None, "single responses start from their prompt's tokens"
     environment = run.make_environment()
     try:
         messages = environment.reset(row)
@@ -156,14 +212,17 @@ def _reset(run: EpisodeRun, row: dict[str, Any], index: int) -> EpisodeState:
     return episode
 
 
-def _remaining(run: EpisodeRun, episode: EpisodeState) -> int:
-    """Tokens the episode's next turn may take."""
-    if run.budget is None:
-        return run.sampling.max_new_tokens
-    return min(run.sampling.max_new_tokens, run.budget - len(episode))
+def _remaining(run: EpisodeRun, episode: EpisodeState, chunk: int | None = None) -> int:
+    """Tokens the episode's current turn may still take (at most ``chunk`` in this step)."""
+    room = run.sampling.max_new_tokens - episode.turn_tokens
+    if run.budget is not None:
+        room = min(room, run.budget - len(episode))
+    return room if chunk is None else min(room, chunk)
 
 
-def _budget_groups(run: EpisodeRun, episodes: list[EpisodeState], active: list[int]) -> list[list[int]]:
+def _budget_groups(
+    run: EpisodeRun, episodes: list[EpisodeState], active: list[int], chunk: int | None = None
+) -> list[list[int]]:
     """The active episodes by the tokens their next turn may take, one engine call each: no call then asks for more
     than any of its episodes has room for (most have the whole ``max_new_tokens``, so most turns are one call).
     Sharded sampling is a collective with a fixed number of calls: one call, each episode cut to its room."""
@@ -171,33 +230,41 @@ def _budget_groups(run: EpisodeRun, episodes: list[EpisodeState], active: list[i
         return [active]
     groups: dict[int, list[int]] = {}
     for index in active:
-        groups.setdefault(_remaining(run, episodes[index]), []).append(index)
+        groups.setdefault(_remaining(run, episodes[index], chunk), []).append(index)
     return [groups[budget] for budget in sorted(groups, reverse=True)] or [[]]
 
 
-def _sample_turn(run: EpisodeRun, active: list[EpisodeState], seed: int) -> EngineSamples:
+def _sample_turn(run: EpisodeRun, active: list[EpisodeState], seed: int, chunk: int | None = None) -> EngineSamples:
     """One engine call for every active episode: its whole history, one continuation each."""
-    budget = max((_remaining(run, e) for e in active), default=1)
+    budget = max((_remaining(run, e, chunk) for e in active), default=1)
     settings = SamplingSettings(budget, run.sampling.temperature, run.sampling.top_p, run.sampling.top_k)
     contexts = [e.prompt_ids + e.response_ids for e in active]
     return continue_token_lists(run.engine, run.policy, run.tokenizer, contexts, settings, seed, run.with_logprobs,
                                 run.synced_gpus, run.device)  # fmt: skip
 
 
-def _take_turn(run: EpisodeRun, episode: EpisodeState, samples: EngineSamples, row: int) -> None:
-    """Append the sampled turn (up to and including EOS, within the episode's budget) as policy tokens."""
+def _take_turn(
+    run: EpisodeRun, episode: EpisodeState, samples: EngineSamples, row: int, version: int = 0,
+    chunk: int | None = None,
+) -> None:  # fmt: skip
+    """Append the sampled tokens (up to and including EOS, within the turn's and the episode's room) as policy
+    tokens; a turn that ended (EOS, or out of room) becomes the assistant's message."""
     eos = run.tokenizer.eos_token_id
-    room = _remaining(run, episode)
-    tokens = new_tokens(samples.response_ids[row].tolist(), eos, room)
+    step_room, room, before = _remaining(run, episode, chunk), _remaining(run, episode), episode.turn_tokens
+    tokens = new_tokens(samples.response_ids[row].tolist(), eos, step_room)
     logprobs = samples.logprobs[row, : len(tokens)].tolist() if samples.logprobs is not None else None
-    episode.append(tokens, policy=True, logprobs=logprobs)
+    episode.append(tokens, policy=True, logprobs=logprobs, version=version)
+    episode.turn_tokens += len(tokens)
     ended = bool(tokens) and tokens[-1] == eos
-    text = run.tokenizer.decode(tokens, skip_special_tokens=True)
+    if not ended and tokens and len(tokens) == step_room < room:
+        return  # the chunk ran out, the turn goes on in the next step
+    turn, episode.turn_tokens = episode.response_ids[len(episode.response_ids) - episode.turn_tokens :], 0
+    text = run.tokenizer.decode(turn, skip_special_tokens=True)
     episode.messages.append({"role": "assistant", "content": text})
     episode.final_answer = text
-    if not ended:  # cut: by the turn's budget, or by what was left of the episode's
+    if not ended:  # cut: by the turn's budget, or by what was left of the episode's (room at the turn's start)
         episode.turn_rewards.append(0.0)
-        episode.stop("context" if room < run.sampling.max_new_tokens else "turn_tokens")
+        episode.stop("context" if room + before < run.sampling.max_new_tokens else "turn_tokens")
 
 
 def _answer(run: EpisodeRun, episode: EpisodeState, index: int) -> None:

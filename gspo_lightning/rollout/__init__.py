@@ -1,7 +1,19 @@
-"""Sampling and scoring: from prompts to the minibatches the objective trains on."""
+"""Sampling and scoring: from prompts to the minibatches the objective trains on (the round's core, no callbacks:
+``GroupSampler`` and ``HeldOutEvaluation`` live in ``gspo_lightning.sampling``)."""
 
-from gspo_lightning.rollout.evaluation import HeldOutEvaluation
-from gspo_lightning.rollout.sampler import GroupSampler
+from typing import Any
+
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
 
-__all__ = ["GroupSampler", "HeldOutEvaluation", "Minibatch", "PromptBatch", "Rollout"]
+__all__ = ["Minibatch", "PromptBatch", "Rollout"]
+
+_MOVED = {"GroupSampler", "HeldOutEvaluation"}
+
+
+def __getattr__(name: str) -> Any:
+    """The callbacks' old import path (``gspo_lightning.rollout.GroupSampler``), resolved on first use."""
+    if name in _MOVED:
+        import gspo_lightning.sampling as sampling
+
+        return getattr(sampling, name)
+    raise AttributeError(f"module 'gspo_lightning.rollout' has no attribute {name!r}")

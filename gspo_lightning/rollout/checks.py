@@ -294,10 +294,7 @@ def check_episode_tokenizer(tokenizer: Any, policy: Any = None) -> None:
     )
 
 
-def validate_asynchronous(
-    asynchronous: Any, old_logprobs: str, dynamic_sampling: bool, engine: SamplingEngine, episodes: Any = None,
-    prompt_overflow: str = "error",
-) -> None:  # fmt: skip
+def validate_asynchronous(asynchronous: Any, old_logprobs: str, dynamic_sampling: bool, engine: SamplingEngine) -> None:
     """Settings that cannot go with sampling ahead of training, refused when the config is read."""
     if not asynchronous.enabled:
         return
@@ -309,11 +306,6 @@ def validate_asynchronous(
             f"vllm_process, gspo_lightning.engines.VLLMProcessEngine); got {engine.name!r}. "
             "With hf or vllm use mode: fixed_lag",
         )
-        require(episodes is None, f"{mode} does not support sampler.episodes yet: use mode: fixed_lag")
-        require(
-            prompt_overflow == "error",
-            f"{mode} needs sampler.prompt_overflow: error (got {prompt_overflow!r}): its groups are admitted one by one",
-        )
     require(
         old_logprobs == "recompute",
         f"{mode} needs sampler.old_logprobs: recompute (got {old_logprobs!r}): pi_old is then the proximal policy, "
@@ -321,14 +313,17 @@ def validate_asynchronous(
         "behaviour policy's, corrected for by model.rollout_correction",
     )
     require(
-        not dynamic_sampling,
-        f"{mode} does not support sampler.dynamic_sampling yet (its extra prompts come from a stream whose position "
-        "would have to follow rounds sampled ahead): set dynamic_sampling: false or asynchronous.mode: off",
+        not dynamic_sampling or asynchronous.mode == "streaming",
+        f"{mode} does not support sampler.dynamic_sampling (a round sampled ahead would draw its extra prompts from "
+        "a stream whose position must follow training): use asynchronous.mode: streaming, which replaces an "
+        "uninformative group in its slot, or dynamic_sampling: false",
     )
 
 
 def check_asynchronous(data: DataSide, correction_mode: str, asynchronous: Any) -> None:
     """At fit start: the data module serves any round's prompts by index, and a warning for an uncorrected run."""
+    if not asynchronous.enabled:
+        return
     data.needs("rollout_batch", f"sampler.asynchronous.mode={asynchronous.mode!r} (it samples rounds ahead)")
     if correction_mode == "off":
         rank_zero_warn(

@@ -29,8 +29,8 @@ from gspo_lightning.objectives.advantages import advantages_with_skips, skipped_
 from gspo_lightning.objectives.kl import kl_penalised_rewards
 from gspo_lightning.rollout.dynamic_sampling import choose_groups, concat_rollouts, informative_groups, select_groups
 from gspo_lightning.rollout.minibatches import PolicyPass, assemble_minibatches, policy_passes
-from gspo_lightning.rollout.episodes import episode_run, sample_and_score_episodes
-from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, repeat_each, sample_and_score
+from gspo_lightning.rollout.trajectories import episode_run, sample_and_score_trajectories
+from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring
 from gspo_lightning.rollout.types import Minibatch, Prompt, PromptBatch, Rollout
 
 
@@ -174,41 +174,13 @@ def sample_groups(
     """G responses (or, with ``settings.episodes``, G multi-turn episodes) per prompt from the engine, scored
     (``advantages`` still None); ``seconds`` gets the timings. ``any_rank``: as in ``run_round`` (episodes under
     sharded parameters take a turn as long as any rank has an episode going)."""
-    if settings.episodes is not None:
-        rollout, timing = sample_and_score_episodes(
-            round_episode_run(engine, model, settings), prompts, columns, settings.group_size, settings.scoring, seed,
-            any_rank=any_rank if model.synced_gpus else bool,
-        )  # fmt: skip
-        if seconds is not None:
-            seconds.update(timing)
-        return rollout
-    group = settings.group_size
-    sampling = SamplingSettings(model.max_new_tokens, model.temperature, settings.top_p, settings.top_k)
-    scored = sample_and_score(
-        engine, model.policy, model.tokenizer, prompts, columns, sampling, group, settings.scoring,
-        device=model.device, overflow=settings.prompt_overflow, with_logprobs=model.engine_logprobs,
-        synced_gpus=model.synced_gpus, seed=seed,
+    rollout, timing = sample_and_score_trajectories(
+        round_trajectory_run(engine, model, settings), prompts, columns, settings.group_size, settings.scoring, seed,
+        settings.prompt_overflow, any_rank=any_rank if model.synced_gpus else bool,
     )  # fmt: skip
     if seconds is not None:
-        seconds.update(scored.seconds)
-    # Response i*G + g answers prompt i: each prompt row repeated G times in a row lines up with them.
-    cut = scored.prompt_cut.repeat_interleave(group, dim=0)  # [N]
-    device = scored.prompt_ids.device
-    return Rollout(
-        prompt_ids=scored.prompt_ids.repeat_interleave(group, dim=0),  # [N, Lp]
-        prompt_mask=scored.prompt_mask.repeat_interleave(group, dim=0),  # [N, Lp]
-        response_ids=scored.samples.response_ids,  # [N, R]
-        response_mask=scored.response_mask,  # [N, R]
-        rewards=scored.rewards.to(device),  # [N]
-        advantages=None,  # computed once, at the end of the round
-        truncated=scored.truncated,  # [N]
-        completions=scored.completions,
-        prompts=repeat_each(prompts, group),
-        reward_components=scored.reward_components,
-        prompt_cut=cut,
-        prompt_skipped=cut if settings.prompt_overflow == "skip" else None,  # [N] or None
-        engine_logprobs=scored.samples.logprobs,  # [N, R] or None
-    )
+        seconds.update(timing)
+    return rollout
 
 
 def refill_groups(
@@ -257,10 +229,13 @@ def shaped_rewards(rollout: Rollout, passes: list[PolicyPass], penalty: KLReward
     return torch.cat(shaped), torch.cat(estimates)  # [N] x2
 
 
-def round_episode_run(engine: SamplingEngine, model: RoundModel, settings: RoundSettings) -> EpisodeRun:
-    """The episode loop's settings in a training round: a turn is sampled like a response."""
-    assert settings.episodes is not None
+def round_trajectory_run(engine: SamplingEngine, model: RoundModel, settings: RoundSettings) -> EpisodeRun:
+    """The trajectory generator's settings in a training round: a turn is sampled like a response; without
+    ``settings.episodes``, single responses (one turn, no environment, no episode budget)."""
     sampling = SamplingSettings(model.max_new_tokens, model.temperature, settings.top_p, settings.top_k)
+    if settings.episodes is None:
+        return EpisodeRun(engine, model.policy, model.tokenizer, sampling, None, 1, None, settings.scoring.errors,
+                          model.engine_logprobs, model.synced_gpus, model.device)  # fmt: skip
     return episode_run(
         engine, model.policy, model.tokenizer, sampling, settings.episodes, settings.scoring.errors,
         model.engine_logprobs, model.synced_gpus, model.device,

@@ -116,7 +116,7 @@ def test_a_fixed_lag_run_killed_mid_round_resumes_bit_for_bit(tmp_path, uninterr
         ("--sampler.asynchronous.lag=-1", "sampler.asynchronous.lag must be an integer in [1, 64]"),
         ("--sampler.asynchronous.lag=0", "sampler.asynchronous.lag must be an integer in [1, 64]"),
         ("--sampler.old_logprobs=engine", "needs sampler.old_logprobs: recompute (got 'engine')"),
-        ("--sampler.dynamic_sampling=true", "does not support sampler.dynamic_sampling yet"),
+        ("--sampler.dynamic_sampling=true", "does not support sampler.dynamic_sampling"),
     ],
 )
 def test_bad_asynchronous_settings_fail_when_the_config_is_read(tmp_path, override, message):

@@ -7,7 +7,7 @@ import pytest
 from gspo_lightning.asynchronous.settings import AsyncRollouts
 from gspo_lightning.engines import VLLMProcessEngine
 from gspo_lightning.rewards import ExactAnswer
-from gspo_lightning.rollout import GroupSampler
+from gspo_lightning.sampling import GroupSampler
 from gspo_lightning.validation import SettingError
 
 

@@ -11,7 +11,8 @@ import torch
 from gspo_lightning.callbacks import LogCompletions
 from gspo_lightning.callbacks.completions import completion_rows, markdown_table
 from gspo_lightning.rewards import ExactAnswer
-from gspo_lightning.rollout import GroupSampler, Rollout
+from gspo_lightning.rollout import Rollout
+from gspo_lightning.sampling import GroupSampler
 
 
 def _rollout() -> Rollout:

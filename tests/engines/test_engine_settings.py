@@ -10,7 +10,7 @@ import pytest
 
 from gspo_lightning.cli import main
 from gspo_lightning.engines import HFEngine, resolve_engine
-from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
+from gspo_lightning.sampling import GroupSampler, HeldOutEvaluation
 from tests.test_cli import ROOT
 
 QUICKSTART = str(ROOT / "configs/quickstart.yaml")

@@ -7,7 +7,7 @@ from gspo_lightning.engines import HFEngine
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout import checks
-from gspo_lightning.rollout.sampler import GroupSampler
+from gspo_lightning.sampling.sampler import GroupSampler
 from gspo_lightning.validation import SettingError
 from tests.episodes.envs import Counting
 from tests.episodes.scripted import tool_loader

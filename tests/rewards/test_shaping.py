@@ -48,7 +48,7 @@ def test_the_sampler_hands_its_rewards_the_policys_tokenizer(policy, tokenizer) 
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
-    from gspo_lightning.rollout import GroupSampler
+    from gspo_lightning.sampling import GroupSampler
     from tests.rollout.test_sampler import ReinforceModule, _prompt_batches
 
     penalty = LengthPenalty(1, 4)

@@ -9,7 +9,7 @@ import pytest
 
 from gspo_lightning.data import ArithmeticTask, PromptDataModule
 from gspo_lightning.rewards import ExactAnswer
-from gspo_lightning.rollout import GroupSampler, HeldOutEvaluation
+from gspo_lightning.sampling import GroupSampler, HeldOutEvaluation
 from gspo_lightning.rollout.data_contract import MEMBERS, METHODS, DataSide, SamplerData
 from gspo_lightning.validation import SettingError
 from tests.rollout.test_sampler import _trainer

@@ -10,7 +10,7 @@ from gspo_lightning.episodes import EpisodeSettings, calculator, environment_rew
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout import checks
 from gspo_lightning.rollout.data_contract import DataSide
-from gspo_lightning.rollout.evaluation import HeldOutEvaluation, default_correct
+from gspo_lightning.sampling.evaluation import HeldOutEvaluation, default_correct
 from gspo_lightning.validation import SettingError
 from tests.episodes.envs import Counting
 from tests.episodes.scripted import tool_loader

@@ -8,7 +8,8 @@ import pytest
 import torch
 from lightning.pytorch.plugins.precision import Precision
 
-from gspo_lightning.rollout import HeldOutEvaluation, PromptBatch
+from gspo_lightning.rollout import PromptBatch
+from gspo_lightning.sampling import HeldOutEvaluation
 
 
 def _first_only(prompts, completions, **columns):

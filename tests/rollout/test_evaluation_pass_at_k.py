@@ -16,7 +16,8 @@ import torch
 from lightning.pytorch.plugins.precision import Precision
 
 from gspo_lightning.cli import main
-from gspo_lightning.rollout import HeldOutEvaluation, PromptBatch
+from gspo_lightning.rollout import PromptBatch
+from gspo_lightning.sampling import HeldOutEvaluation
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["1+1=", "12+34=", "7+8=", "5+5="]

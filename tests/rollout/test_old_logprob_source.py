@@ -11,7 +11,7 @@ from gspo_lightning.models import TinyQwen3
 from gspo_lightning.module import GSPOModule
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout.minibatches import split_minibatches
-from gspo_lightning.rollout.sampler import GroupSampler
+from gspo_lightning.sampling.sampler import GroupSampler
 from tests.conftest import TINY
 
 

@@ -12,7 +12,8 @@ from gspo_lightning.logprobs import response_logprobs
 from gspo_lightning.micro_batches import BatchLayout
 from gspo_lightning.objectives import RolloutCorrection
 from gspo_lightning.rewards import ExactAnswer
-from gspo_lightning.rollout import GroupSampler, PromptBatch
+from gspo_lightning.rollout import PromptBatch
+from gspo_lightning.sampling import GroupSampler
 from gspo_lightning.rollout.pipeline import encode_prompts
 
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from gspo_lightning.data.formatting import PromptFormatter
 from gspo_lightning.rewards import ExactAnswer
 from gspo_lightning.rollout.round import RoundModel
-from gspo_lightning.rollout import GroupSampler
+from gspo_lightning.sampling import GroupSampler
 from gspo_lightning.rollout.stats import rollout_stats
 from tests.rewards.reward_helpers import hanging_reward
 from tests.rollout.test_sampler import ReinforceModule, _prompt_batches, _trainer

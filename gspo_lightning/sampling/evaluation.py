@@ -19,9 +19,10 @@ from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.metrics import PassAtK
 from gspo_lightning.rollout.checks import check_data_columns, validate_evaluation
 from gspo_lightning.rollout.data_contract import DataSide
-from gspo_lightning.rollout.episodes import episode_run, sample_and_score_episodes
-from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, sample_and_score
-from gspo_lightning.rollout.sampler import GroupSampler
+from gspo_lightning.episodes.loop import EpisodeRun
+from gspo_lightning.rollout.trajectories import episode_run, sample_and_score_trajectories
+from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring
+from gspo_lightning.sampling.sampler import GroupSampler
 from gspo_lightning.validation import SettingError
 from gspo_lightning.rollout.state import evaluation_seed, isolated_rng
 from gspo_lightning.rollout.stats import episode_stats
@@ -218,40 +219,28 @@ class HeldOutEvaluation(Callback):
         n = self.samples_per_prompt
         sampler = _training_sampler(trainer)
         scoring = Scoring([self.correct_for(trainer)], [1.0], settings=["evaluation.correct"])
-        if sampler is not None and sampler.episodes is not None:  # the held-out prompts as episodes too
-            run = episode_run(
-                self._engine, pl_module.policy, pl_module.tokenizer, self.sampling_settings(pl_module),
-                sampler.episodes, sampler.reward_errors, synced_gpus=parameters_are_sharded(trainer),
-                device=pl_module.device,
-            )  # fmt: skip
-            any_rank = lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False)  # noqa: E731
-            rollout, _ = sample_and_score_episodes(
-                run, batch.prompts, batch.columns, n, scoring, seed,
-                any_rank if parameters_are_sharded(trainer) else bool,
-            )  # fmt: skip
-            assert rollout.episodes is not None
+        episodes = sampler.episodes if sampler is not None else None  # the held-out prompts as episodes too
+        errors = sampler.reward_errors if sampler is not None else "raise"
+        sharded = parameters_are_sharded(trainer)
+        sampling = self.sampling_settings(pl_module)
+        if episodes is not None:
+            run = episode_run(self._engine, pl_module.policy, pl_module.tokenizer, sampling, episodes, errors,
+                              synced_gpus=sharded, device=pl_module.device)  # fmt: skip
+        else:
+            run = EpisodeRun(self._engine, pl_module.policy, pl_module.tokenizer, sampling, None, 1, None,
+                             synced_gpus=sharded, device=pl_module.device)  # fmt: skip
+        any_rank = lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False)  # noqa: E731
+        # n samples of each prompt: prompt i's are rows i*n .. i*n + n - 1
+        rollout, _ = sample_and_score_trajectories(
+            run, batch.prompts, batch.columns, n, scoring, seed, self.prompt_overflow, "evaluation.prompt_overflow",
+            any_rank if sharded else bool,
+        )  # fmt: skip
+        if rollout.episodes is not None:
             self._episode_figures.append(episode_stats(rollout.episodes))
-            return count_solved(rollout.rewards.cpu(), n, self.solved_at), torch.ones(len(batch), dtype=torch.bool)
-        # n samples of each prompt in one call: prompt i's are rows i*n .. i*n + n - 1.
-        scored = sample_and_score(
-            self._engine,
-            pl_module.policy,
-            pl_module.tokenizer,
-            batch.prompts,
-            batch.columns,
-            self.sampling_settings(pl_module),
-            n,
-            scoring,
-            device=pl_module.device,
-            overflow=self.prompt_overflow,
-            overflow_setting="evaluation.prompt_overflow",
-            synced_gpus=parameters_are_sharded(trainer),
-            seed=seed,
-        )
-        num_correct = count_solved(scored.rewards, n, self.solved_at)  # [P]
-        cut = scored.prompt_cut
-        counted = (~cut if self.prompt_overflow == "skip" else torch.ones_like(cut)).cpu()  # [P] bool
-        return num_correct, counted
+        num_correct = count_solved(rollout.rewards.cpu(), n, self.solved_at)  # [P]
+        assert rollout.prompt_cut is not None
+        cut = rollout.prompt_cut.view(-1, n)[:, 0].cpu()  # [P]
+        return num_correct, ~cut if self.prompt_overflow == "skip" and episodes is None else torch.ones_like(cut)
 
     def _episode_means(self) -> dict[str, float]:
         """``eval/turns_mean`` and ``eval/tool_calls_mean`` of this rank's held-out episodes (none when single-turn)."""

@@ -1,7 +1,8 @@
 """GroupSampler: the Lightning plumbing around one rollout round (``rollout/round.py``).
 
-It decides when a round starts (the first of the K optimizer steps on a prompt batch), syncs the engine and
-enters the inference context, runs the round, hands minibatch k to step k, logs the round's figures and keeps
+It decides when a round starts (the first of the K optimizer steps on a prompt batch), asks its round source
+(``rollout/source.py``: on-policy, fixed lag or streaming, picked once from ``sampler.asynchronous``) for the
+round, hands minibatch k to step k, logs the round's figures and keeps
 each rank's partly consumed round and random state for an exact resume. What it needs from the LightningModule
 is ``rollout/contract.py``'s ``SamplerModule``; its dataloader yields ``PromptBatch`` objects, each round served
 K times in a row with ``minibatch_index`` 0..K-1 (``PromptDataModule`` does this).
@@ -19,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gspo_lightning.asynchronous import AsyncRollouts
-from gspo_lightning.asynchronous.rounds import make_rounds
+from gspo_lightning.asynchronous.rounds import FixedLagRounds, StreamingRounds
 from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
 from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
@@ -32,13 +33,14 @@ from gspo_lightning.rollout.data_contract import DataSide
 from gspo_lightning.rollout.contract import SamplerModule, check_built, check_sampler_module, round_model
 from gspo_lightning.rollout.minibatches import check_divisible
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length
-from gspo_lightning.rollout.round import RoundModel, RoundResult, RoundSettings, run_round, sample_groups
+from gspo_lightning.rollout.round import RoundModel, RoundSettings, sample_groups
+from gspo_lightning.rollout.source import OnPolicyRounds, RoundRequest, RoundSource
 from gspo_lightning.rollout.round import with_advantages
 from gspo_lightning.rollout.state import evaluation_seed, rank_and_world, restore_rng_states, restored_round
 from gspo_lightning.rollout.state import round_checkpoint
 from gspo_lightning.rollout.stats import rollout_stats
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
-from gspo_lightning.strategies import inference_context, parameters_are_sharded
+from gspo_lightning.strategies import parameters_are_sharded
 from gspo_lightning.validation import SettingError
 
 
@@ -143,8 +145,7 @@ class GroupSampler(Callback):
         checks.validate_old_logprobs(old_logprobs)
         self.engine = resolve_engine(engine)
         self.asynchronous = asynchronous or AsyncRollouts()
-        checks.validate_asynchronous(self.asynchronous, old_logprobs, dynamic_sampling, self.engine, episodes,
-                                     prompt_overflow)  # fmt: skip
+        checks.validate_asynchronous(self.asynchronous, old_logprobs, dynamic_sampling, self.engine)
         checks.validate_sampling(rewards, reward_weights, group_size, num_minibatches, top_p, top_k)
         checks.validate_round(advantage_scale, max_extra_draws)
         checks.validate_robustness(reward_timeout_s, reward_isolation, reward_errors, prompt_overflow)
@@ -176,7 +177,8 @@ class GroupSampler(Callback):
         self._pending_rng: dict[str, Any] | None = None
         self._round_seconds: dict[str, float] = {}
         self._step_started = 0.0
-        self._ahead = make_rounds(self.asynchronous, self.engine) if self.asynchronous.enabled else None
+        self.source = round_source(self.asynchronous, self.engine)
+        """Where each round's samples come from (``rollout/source.py``); the only place the mode is looked at."""
 
     @property
     def group_size(self) -> int:
@@ -210,8 +212,7 @@ class GroupSampler(Callback):
         if self.round.dynamic_sampling:
             data.needs("draw_prompts", "sampler.dynamic_sampling (it refills a round with more prompts)")
         checks.check_turn_advantages(self.round.episodes, pl_module)
-        if self._ahead is not None:
-            checks.check_asynchronous(data, module.rollout_correction.mode, self.asynchronous)
+        checks.check_asynchronous(data, module.rollout_correction.mode, self.asynchronous)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = check_sampler_module(pl_module)
@@ -236,8 +237,7 @@ class GroupSampler(Callback):
         self.engine.setup(trainer, pl_module)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._ahead is not None:
-            self._ahead.close()  # before the engine: a background job may be using it
+        self.source.close()  # before the engine: a background job may be using it
         self.reward_runner.close()
         self.engine.teardown()
 
@@ -262,9 +262,7 @@ class GroupSampler(Callback):
         if batch.rollout_index != self._rollout_index or not self._minibatches:
             self._new_round(trainer, pl_module, batch)
         batch.minibatch = self._minibatches[batch.minibatch_index].to(pl_module.device)
-        seconds = {"generate_s": 0.0, "reward_s": 0.0, "old_logprob_s": 0.0}
-        if self._ahead is not None:
-            seconds |= {"trainer_wait_s": 0.0, "engine_idle_s": 0.0}
+        seconds = dict.fromkeys(("generate_s", "reward_s", "old_logprob_s", *self.source.seconds_logged), 0.0)
         seconds |= self._round_seconds
         metrics = {f"rollout/{k}": v for k, v in self._stats.items()} | {f"time/{k}": v for k, v in seconds.items()}
         log_across_ranks(pl_module, metrics, len(batch.minibatch))
@@ -279,66 +277,40 @@ class GroupSampler(Callback):
 
     def _new_round(self, trainer: pl.Trainer, pl_module: SamplerModule, batch: PromptBatch) -> None:
         check_divisible(len(batch) * self.group_size, self.num_minibatches)
-        if self._ahead is not None:
-            result, lag_stats = self._sampled_ahead(trainer, pl_module, batch)
-        else:
-            result, lag_stats = self._on_policy(trainer, pl_module, batch), {}
+        sourced = self.source.next_round(self._request(trainer, pl_module, batch))
+        result = sourced.result
         self.last_rollout = result.rollout
         self._minibatches = result.minibatches
-        self._round_seconds = result.seconds
-        self._stats = rollout_stats(result.rollout, self.group_size) | lag_stats
+        self._round_seconds = result.seconds | sourced.seconds
+        self._stats = rollout_stats(result.rollout, self.group_size) | sourced.stats
         self._stats.update({name: torch.tensor(float(value)) for name, value in result.counts.items()})
         if self.round.mask_truncated:
             self._stats["truncated_masked"] = result.rollout.truncated.float().sum().cpu()
         self._rollout_index = batch.rollout_index
 
-    def _on_policy(self, trainer: pl.Trainer, pl_module: SamplerModule, batch: PromptBatch) -> RoundResult:
-        # Outside the inference context: under FSDP1 that holds the root's parameters gathered, and the engine's
-        # weight sync gathers every unit itself.
-        self.engine.before_rollout(trainer, pl_module)
-        model = round_model(pl_module, self._wants_engine_logprobs(), parameters_are_sharded(trainer))
-        with inference_context(trainer):
-            return run_round(
-                self.engine,
-                model,
-                self.round,
-                batch,
-                self.round_seed(batch.rollout_index),
-                draw_prompts=trainer.datamodule.draw_prompts if self.round.dynamic_sampling else None,
-                any_rank=lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False),
-            )
-
-    def _sampled_ahead(
-        self, trainer: pl.Trainer, pl_module: SamplerModule, batch: PromptBatch
-    ) -> tuple[RoundResult, dict[str, torch.Tensor]]:
-        """``sampler.asynchronous``: this round trains on samples of older weights (``asynchronous/rounds.py``)."""
-        assert self._ahead is not None
+    def _request(self, trainer: pl.Trainer, pl_module: SamplerModule, batch: PromptBatch) -> RoundRequest:
         # An engine of its own samples while the policy trains: it needs no synced_gpus (it never runs the policy)
-        sharded = parameters_are_sharded(trainer) and not self._ahead.runs_in_background
-        result, stats, seconds = self._ahead.next_round(
-            trainer,
-            batch.rollout_index,
-            lambda: round_model(pl_module, True, sharded),  # the behaviour policy's log-probs, always
-            self.round,
-            trainer.datamodule.rollout_batch,
-            self.round_seed,
+        sharded = parameters_are_sharded(trainer) and not self.source.runs_in_background
+        engine_logprobs = self._wants_engine_logprobs()
+        data = trainer.datamodule
+        return RoundRequest(
+            trainer=trainer,
+            index=batch.rollout_index,
+            batch=batch,
+            model=lambda: round_model(pl_module, engine_logprobs, sharded),
+            settings=self.round,
+            prompts_of=lambda index: data.rollout_batch(index),  # sources that sample ahead (checked at setup)
+            seed_of=self.round_seed,
+            draw_prompts=data.draw_prompts if self.round.dynamic_sampling else None,
             any_rank=lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False),
         )
-        result.seconds.update(seconds)
-        return result, stats
 
     @contextmanager
     def engine_lent(self) -> Iterator[None]:
         """The engine used from this thread for a while (the evaluation): sampling in flight finishes first, and a
         streaming loop waits until the engine is given back (then loads its own weights again)."""
-        if self._ahead is None:
+        with self.source.lend():
             yield
-            return
-        self._ahead.lend()
-        try:
-            yield
-        finally:
-            self._ahead.give_back()
 
     def sample(
         self, model: SamplerModule | RoundModel, prompts: list[Any], columns: dict[str, list[Any]], seed: int = 0
@@ -352,8 +324,9 @@ class GroupSampler(Callback):
 
     def _wants_engine_logprobs(self) -> bool:
         """pi_old from the engine, or an engine that reports them for free (then the mismatch is measured); a
-        module whose loss corrects for the mismatch asks too (``round_model``)."""
-        return self.old_logprobs == "engine" or self.engine.reports_logprobs_cheaply
+        module whose loss corrects for the mismatch asks too (``round_model``); sampled ahead, the behaviour policy's
+        log-probs are always wanted."""
+        return self.old_logprobs == "engine" or self.engine.reports_logprobs_cheaply or self.asynchronous.enabled
 
     def round_seed(self, rollout_index: int) -> int:
         """The seed of one sampling round: a function of the engine's seed, the round and the rank only, so that a
@@ -364,7 +337,7 @@ class GroupSampler(Callback):
     def state_dict(self) -> dict[str, Any]:
         """Each rank's partly consumed round and random generators travel with the checkpoint, so a resumed
         run trains on the same data and draws the same samples as an uninterrupted one."""
-        ahead = self._ahead.state_dict() if self._ahead is not None else None
+        ahead = self.source.state_dict()
         return round_checkpoint(self._rollout_index, self._minibatches, self._stats, self._fixed_settings(), ahead)
 
     def _fixed_settings(self) -> dict[str, Any]:
@@ -383,5 +356,13 @@ class GroupSampler(Callback):
         self._minibatches = [Minibatch(**fields) for fields in local["minibatches"]]
         self._stats = local["stats"]
         self._pending_rng = local["rng"]
-        if self._ahead is not None:
-            self._ahead.load_state_dict(local.get("sampled_ahead") or [])
+        self.source.load_state_dict(local.get("sampled_ahead"))
+
+
+def round_source(settings: AsyncRollouts, engine: SamplingEngine) -> RoundSource:
+    """The round source of ``sampler.asynchronous.mode``."""
+    if settings.mode == "streaming":
+        return StreamingRounds(settings, engine)
+    if settings.mode == "fixed_lag":
+        return FixedLagRounds(settings, engine)
+    return OnPolicyRounds(engine)
