@@ -29,16 +29,17 @@ def continue_token_lists(
     with_logprobs: bool = False,
     synced_gpus: bool = False,
     device: Any = "cpu",
+    group_size: int = 1,
 ) -> EngineSamples:
-    """One continuation of at most ``settings.max_new_tokens`` for each token list in ``contexts`` (one engine
-    call; an empty list still makes the call, with one pad token, as a rank with nothing to do under sharded
+    """``group_size`` continuations of at most ``settings.max_new_tokens`` for each token list in ``contexts`` (one
+    engine call; an empty list still makes the call, with one pad token, as a rank with nothing to do under sharded
     sampling must)."""
     pad = tokenizer.pad_token_id
     contexts = contexts or [[pad]]
     ids = padded(contexts, pad, left=True)  # [A, L]
     mask = padded([[1] * len(context) for context in contexts], 0, left=True)  # [A, L]
     return engine.sample(
-        policy, tokenizer, ids.to(device), mask.to(device), settings, 1, with_logprobs, synced_gpus, seed
+        policy, tokenizer, ids.to(device), mask.to(device), settings, group_size, with_logprobs, synced_gpus, seed
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings
 from gspo_lightning.engines.continuation import SEED_STRIDE, continue_token_lists, new_tokens
 from gspo_lightning.episodes.environment import (
     Environment,
@@ -186,10 +186,8 @@ def _sample_groups(
     budget = run.sampling.max_new_tokens if chunk is None else min(run.sampling.max_new_tokens, chunk)
     settings = SamplingSettings(budget, run.sampling.temperature, run.sampling.top_p, run.sampling.top_k)
     prompts = [state.prompt_ids for state in fresh[::group_size]]
-    ids = padded(prompts, run.tokenizer.pad_token_id, left=True).to(run.device)  # [P, Lp]
-    mask = padded([[1] * len(prompt) for prompt in prompts], 0, left=True).to(run.device)  # [P, Lp]
-    return run.engine.sample(run.policy, run.tokenizer, ids, mask, settings, group_size, run.with_logprobs,
-                             run.synced_gpus, seed)  # fmt: skip
+    return continue_token_lists(run.engine, run.policy, run.tokenizer, prompts, settings, seed, run.with_logprobs,
+                                run.synced_gpus, run.device, group_size)  # fmt: skip
 
 
 def reset_episode(run: EpisodeRun, row: dict[str, Any], index: int) -> EpisodeState:

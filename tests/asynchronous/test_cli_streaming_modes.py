@@ -80,7 +80,12 @@ def test_streaming_with_dynamic_sampling_and_truncated_prompts_trains(tmp_path):
                "prompt_overflow": "truncate", "rewards": ["tests.fault_helpers.length_reward"]}  # fmt: skip
     path = tiny_run_config(tmp_path, 8, 4, {"sampler": sampler})
     config = yaml.safe_load(path.read_text())
-    config["model"]["init_args"]["policy"]["init_args"]["max_position_embeddings"] = 12  # most prompts overflow
+    # head size 32 (vLLM's CPU kernels have none for 16); a context of 33 tokens (the sync probe takes 32 and one)
+    # with 27 of them for the response: every prompt (8 characters and BOS) is cut to its last 6 tokens
+    config["model"]["init_args"]["policy"]["init_args"].update(hidden_size=64, intermediate_size=128,
+                                                               max_position_embeddings=33)  # fmt: skip
+    config["model"]["init_args"]["max_new_tokens"] = 27
+    config["evaluation"]["prompt_overflow"] = "truncate"
     path.write_text(yaml.safe_dump(config))
     result = _run(path)
     assert result.returncode == 0, result.stderr[-3000:]
