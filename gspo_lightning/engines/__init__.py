@@ -25,4 +25,7 @@ def resolve_engine(engine: SamplingEngine | str, setting: str = "sampler.engine"
     return ENGINES[engine]()
 
 
-__all__ = ["ENGINES", "EngineName", "EngineSamples", "HFEngine", "SamplingEngine", "VLLMEngine", "VLLMProcessEngine", "resolve_engine"]
+__all__ = [
+    "ENGINES", "EngineName", "EngineSamples", "HFEngine", "SamplingEngine", "VLLMEngine", "VLLMProcessEngine",
+    "resolve_engine",
+]

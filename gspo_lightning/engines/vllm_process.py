@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-import shutil
 import tempfile
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +36,10 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.vllm_engine import VLLMDtype, VLLMEngine, _architecture, _cpu_scheduling
-from gspo_lightning.engines.vllm_engine import _engine_dtype, check_cpu_head_size, import_vllm
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings
+from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions, architecture, base_model
+from gspo_lightning.engines.vllm_options import check_cpu_head_size, engine_variables, import_vllm, sample_round
+from gspo_lightning.engines.vllm_options import shut_down, vllm_environment
 from gspo_lightning.engines.weight_sync import policy_weight_groups
 from gspo_lightning.logprobs import response_logprobs
 from gspo_lightning.strategies import fsdp1_root, inference_context
@@ -67,7 +69,7 @@ class WeightSnapshot:
     _finalizer: Any = field(default=None, repr=False)
 
 
-class VLLMProcessEngine(VLLMEngine):
+class VLLMProcessEngine(SamplingEngine):
     """vLLM in a process of its own, fed by asynchronous rollouts (see the module docstring).
 
     Args:
@@ -98,7 +100,7 @@ class VLLMProcessEngine(VLLMEngine):
         sync_check_tolerance: float | None = None,
         snapshot_dir: str | None = None,
     ) -> None:
-        super().__init__(gpu_memory_utilization, 1, dtype, enforce_eager, False, kv_cache_gib, max_model_len, seed)
+        self.options = VLLMOptions(dtype, enforce_eager, kv_cache_gib, max_model_len, seed, gpu_memory_utilization)
         require(
             sync_check_tolerance is None or sync_check_tolerance > 0,
             f"sampler.engine.sync_check_tolerance must be > 0 or null, got {sync_check_tolerance!r}",
@@ -107,11 +109,15 @@ class VLLMProcessEngine(VLLMEngine):
             snapshot_dir is None or os.path.isdir(snapshot_dir),
             f"sampler.engine.snapshot_dir must be an existing directory or null, got {snapshot_dir!r}",
         )
+        self.seed = seed
         self.cpu_cores = cpu_cores
         self.devices = devices
         self.sync_check_tolerance = sync_check_tolerance
         self.snapshot_dir = snapshot_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.llm: Any = None
         self.loaded: WeightSnapshot | None = None
+        self.synced_step: int | None = None
+        self._directory: str | None = None
         self._probe: Tensor | None = None
         self._engine_dtype = "float32"
         self._fsdp1: nn.Module | None = None
@@ -125,8 +131,8 @@ class VLLMProcessEngine(VLLMEngine):
         policy = pl_module.policy
         if pl_module.device.type == "cpu":
             check_cpu_head_size(policy)
-        self._engine_dtype = _engine_dtype(policy, str(trainer.precision)) if self.dtype == "auto" else self.dtype
-        self._probe = probe_tokens(_base(policy).config.vocab_size, len(pl_module.tokenizer))
+        self._engine_dtype = self.options.resolved_dtype(policy, str(trainer.precision))
+        self._probe = probe_tokens(base_model(policy).config.vocab_size, len(pl_module.tokenizer))
         first = self.snapshot_weights(trainer, pl_module)
         # The tokenizer lives apart from the snapshots, which come and go with the versions
         self._directory = tempfile.mkdtemp(prefix="gspo_lightning_vllm_")
@@ -145,7 +151,13 @@ class VLLMProcessEngine(VLLMEngine):
         """Nothing to free: the engine lives on its own devices."""
 
     def teardown(self) -> None:
-        super().teardown()
+        """Stop the engine, remove its files and the watchdog (never raises: see ``VLLMEngine.teardown``)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            shut_down(llm)
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
         self.loaded = None
         for path in self._snapshot_paths:
             shutil.rmtree(path, ignore_errors=True)
@@ -167,7 +179,7 @@ class VLLMProcessEngine(VLLMEngine):
             for group in policy_weight_groups(pl_module.policy, self._fsdp1):
                 for name, tensor in group:  # copied: a group's tensors may be live parameters or freed shards
                     tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
-            write_checkpoint(path, _base(pl_module.policy), tensors)
+            write_checkpoint(path, base_model(pl_module.policy), tensors)
             del tensors
             with inference_context(trainer):
                 expected = probe_logprobs(pl_module.policy, self._probe_ids(), pl_module.device)  # [PROBE_LENGTH - 1]
@@ -215,36 +227,43 @@ class VLLMProcessEngine(VLLMEngine):
             raise RuntimeError("VLLMProcessEngine.setup must run before its weights are synced")
         return self._probe
 
-    def sample(self, policy: nn.Module, tokenizer: PreTrainedTokenizerBase, *args: Any, **kwargs: Any):
+    def sample(
+        self,
+        policy: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        settings: SamplingSettings,
+        group_size: int,
+        with_logprobs: bool = False,
+        synced_gpus: bool = False,
+        seed: int = 0,
+    ) -> EngineSamples:
         if self.loaded is None:
             raise RuntimeError("VLLMProcessEngine.sample before any weights were loaded (setup or load_snapshot)")
-        return super().sample(policy, tokenizer, *args, **kwargs)
+        return sample_round(self.llm, prompt_ids, prompt_mask, settings, group_size, with_logprobs, seed,
+                            tokenizer.pad_token_id)  # fmt: skip
 
     def _build_process(self, path: str, device: torch.device, local_rank: int) -> Any:
-        vllm = import_vllm()
-        set_process_engine_environment(device, self.kv_cache_gib, self.cpu_cores)
-        options: dict[str, Any] = dict(
-            model=path,
-            tokenizer=self._directory,
-            runner="generate",
-            load_format="safetensors",
-            dtype=self._engine_dtype,
-            enforce_eager=self.enforce_eager if self.enforce_eager is not None else device.type != "cuda",
-            seed=self.seed,
-            logprobs_mode="processed_logprobs",
-            generation_config="vllm",
-        )
-        if device.type == "cuda":
-            options["gpu_memory_utilization"] = self.gpu_memory_utilization
-        else:
-            config_length = json.load(open(os.path.join(path, "config.json"))).get("max_position_embeddings", 0)
-            options.update(_cpu_scheduling(self.max_model_len or config_length))
-        if self.max_model_len is not None:
-            options["max_model_len"] = self.max_model_len
-        cores = core_set(self.cpu_cores) if device.type == "cpu" else None
+        with open(os.path.join(path, "config.json")) as handle:
+            context = json.load(handle).get("max_position_embeddings", 0)
+        arguments = self.options.llm_arguments(path, self._engine_dtype, device, context)
+        arguments.update(tokenizer=self._directory, load_format="safetensors")
+        variables = engine_variables(False, device, self.options.kv_cache_gib)
+        cores = None
+        if device.type == "cpu" and self.cpu_cores is not None:
+            cores = core_set(self.cpu_cores)
+            variables["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_cores
+        if device.type == "cuda" and self.devices is not None:
+            require(
+                local_rank < len(self.devices),
+                f"sampler.engine.devices lists {len(self.devices)} entries but local rank {local_rank} needs one",
+            )
+            # the engine's processes inherit it; this process' CUDA context exists already and keeps its devices
+            variables["CUDA_VISIBLE_DEVICES"] = self.devices[local_rank]
         before = _children()
-        with _affinity(cores), _visible_devices(self.devices if device.type == "cuda" else None, local_rank):
-            llm = vllm.LLM(**options)
+        with _affinity(cores), vllm_environment(variables):
+            llm = import_vllm().LLM(**arguments)
         self._watchdog = stop_with_this_process(sorted(_children() - before))
         return llm
 
@@ -320,44 +339,12 @@ def _affinity(cores: set[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def set_process_engine_environment(device: torch.device, kv_cache_gib: int, cpu_cores: str | None) -> None:
-    """What vLLM reads when the engine starts: its core in a process of its own (the trainer's process keeps the
-    client), and on CPUs the KV cache and the cores its threads are bound to."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    if device.type == "cpu":
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
-        if cpu_cores is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_cores
-
-
-@contextmanager
-def _visible_devices(devices: list[str] | None, local_rank: int) -> Iterator[None]:
-    """``CUDA_VISIBLE_DEVICES`` for the engine's processes while they start (they inherit it; this process' CUDA
-    context exists already and keeps its devices), then back."""
-    if devices is None:
-        yield
-        return
-    require(
-        local_rank < len(devices),
-        f"sampler.engine.devices lists {len(devices)} entries but local rank {local_rank} needs one",
-    )
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
-
-
 def write_checkpoint(path: str, model: nn.Module, tensors: dict[str, Tensor]) -> None:
     """A Hugging Face checkpoint directory of ``tensors`` (config.json naming the architecture, one safetensors)."""
     from safetensors.torch import save_file
 
     config = model.config.to_dict()
-    config["architectures"] = [_architecture(model)]
+    config["architectures"] = [architecture(model)]
     with open(os.path.join(path, "config.json"), "w") as handle:
         json.dump(config, handle)
     save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
@@ -374,6 +361,3 @@ def probe_logprobs(policy: nn.Module, probe: Tensor, device: torch.device) -> Te
     ids = probe[None].to(device)  # [1, T]
     return response_logprobs(policy, ids, torch.ones_like(ids), ids.shape[1] - 1, 1.0)[0].float().cpu()
 
-
-def _base(policy: nn.Module) -> nn.Module:
-    return policy.get_base_model() if callable(getattr(policy, "get_base_model", None)) else policy

