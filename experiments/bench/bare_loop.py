@@ -55,7 +55,8 @@ from gspo_lightning.objectives import (  # noqa: E402
 )
 from gspo_lightning.rewards.scoring import score_completions  # noqa: E402
 from gspo_lightning.rollout.minibatches import split_minibatches  # noqa: E402
-from gspo_lightning.rollout.pipeline import decode_responses, encode_prompts, response_mask_until_eos  # noqa: E402
+from gspo_lightning.engines.base import decode_responses, response_mask_until_eos  # noqa: E402
+from gspo_lightning.rollout.pipeline import encode_prompts  # noqa: E402
 from gspo_lightning.sampling.sampler import GroupSampler  # noqa: E402
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout  # noqa: E402
 

@@ -28,7 +28,8 @@ from gspo_lightning.asynchronous.settings import AsyncRollouts
 from gspo_lightning.asynchronous.streaming import StreamingProducer, StreamPlan, dynamic_sampling_counts, groups_rollout
 from gspo_lightning.engines.base import SamplingEngine
 from gspo_lightning.rollout.pipeline import context_length
-from gspo_lightning.rollout.round import RoundModel, RoundSettings, round_trajectory_run, sample_round, train_round
+from gspo_lightning.rollout.round import RoundModel, RoundResult, RoundSettings, round_trajectory_run, sample_round
+from gspo_lightning.rollout.round import train_round
 from gspo_lightning.rollout.source import RoundRequest, SourcedRound
 from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
 from gspo_lightning.strategies import inference_context
@@ -64,12 +65,8 @@ class FixedLagRounds:
         waited = time.perf_counter() - started
         idle = 0.0 if self._last_finished is None else max(0.0, sampled.started - self._last_finished)
         self._last_finished = sampled.finished or None
-        with inference_context(request.trainer):
-            result = train_round(sampled.rollout, request.model(), request.settings, {}, sampled.seconds)
-        assert sampled.rollout.policy_versions is not None
-        result.minibatches = with_lags(result.minibatches, response_lags(sampled.rollout.policy_versions, round_index))
-        stats = version_lag_stats(sampled.rollout.policy_versions, round_index, self.settings.lag)
-        stats["queue_depth"] = torch.tensor(float(self.producer.depth))
+        result, stats = trained(request, request.model(), sampled.rollout, {}, sampled.seconds, self.settings.lag,
+                                self.producer.depth)  # fmt: skip
         return SourcedRound(result, stats, {"trainer_wait_s": waited, "engine_idle_s": idle})
 
     def _submit(self, request: RoundRequest, due: list[int]) -> None:
@@ -169,12 +166,8 @@ class StreamingRounds:
         rollout = groups_rollout(groups, self.producer.plan, current.device)
         counts = dynamic_sampling_counts(groups, request.settings.group_size) if request.draw_prompts else {}
         seconds = self.producer.take_seconds()
-        with inference_context(trainer):
-            result = train_round(rollout, current, request.settings, counts, seconds)
-        assert rollout.policy_versions is not None
-        result.minibatches = with_lags(result.minibatches, response_lags(rollout.policy_versions, round_index))
-        stats = version_lag_stats(rollout.policy_versions, round_index, self.settings.max_staleness)
-        stats["queue_depth"] = torch.tensor(float(self.producer.depth))
+        result, stats = trained(request, current, rollout, counts, seconds, self.settings.max_staleness,
+                                self.producer.depth)  # fmt: skip
         stats["partial_frac"] = partial_fraction(rollout.policy_versions)
         return SourcedRound(result, stats, {"trainer_wait_s": waited})
 
@@ -229,6 +222,21 @@ class StreamingRounds:
         if self.producer is not None:
             self.producer.close()
             self.producer = None
+
+
+def trained(
+    request: RoundRequest, model: RoundModel, rollout: Rollout, counts: dict[str, int], seconds: dict[str, float],
+    bound: int, depth: int,
+) -> tuple[RoundResult, dict[str, torch.Tensor]]:  # fmt: skip
+    """A sampled-ahead round trained with the current weights (``train_round``), each minibatch with its rows'
+    lags, and the round's lag and queue figures (``bound``: the mode's staleness bound)."""
+    with inference_context(request.trainer):
+        result = train_round(rollout, model, request.settings, counts, seconds)
+    assert rollout.policy_versions is not None
+    result.minibatches = with_lags(result.minibatches, response_lags(rollout.policy_versions, request.index))
+    stats = version_lag_stats(rollout.policy_versions, request.index, bound)
+    stats["queue_depth"] = torch.tensor(float(depth))
+    return result, stats
 
 
 def with_lags(minibatches: list[Minibatch], lags: torch.Tensor) -> list[Minibatch]:

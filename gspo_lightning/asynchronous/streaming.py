@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gspo_lightning.engines.continuation import SEED_STRIDE
+from gspo_lightning.episodes.loop import SEED_STRIDE
 from gspo_lightning.episodes.loop import EpisodeRun, EpisodeState, advance, reset_episode
 from gspo_lightning.rollout.dynamic_sampling import informative_groups
 from gspo_lightning.rollout.trajectories import RolloutLayout, episode_rollout, fitted_responses, score_episodes
@@ -217,7 +217,8 @@ class StreamingProducer:
                     self._busy = True
                 if pushed is not None and pushed[0] > self.loaded_version:
                     self._current, self.loaded_version = pushed[1], pushed[0]
-                self.plan.run.engine.load_snapshot(self._current)  # nothing to do unless the weights changed or were lent
+                # nothing to do unless the weights changed, or the engine was lent
+                self.plan.run.engine.load_snapshot(self._current)
                 working = time.perf_counter()
                 self._admit()
                 if self.in_flight:

@@ -173,3 +173,24 @@ def padded(rows: list[list[Any]], value: Any, dtype: torch.dtype = torch.long, l
 def right_padded(rows: list[list[int]], pad_id: int, device: torch.device | str = "cpu") -> Tensor:
     """Token lists of different lengths as one [N, max length] int64 tensor, ``pad_id`` after each."""
     return padded(rows, pad_id).to(device)
+
+
+def response_mask_until_eos(response_ids: Tensor, eos_token_id: int) -> tuple[Tensor, Tensor]:
+    """Mask of the tokens up to and including the first EOS, and which responses never reached EOS.
+
+    Returns:
+        mask: [N, R] long, 1 on response tokens (EOS included: the policy must learn to stop).
+        truncated: [N] bool, True where no EOS was produced within max_new_tokens.
+    """
+    is_eos = (response_ids == eos_token_id).long()  # [N, R]
+    eos_before = is_eos.cumsum(-1) - is_eos  # [N, R] EOS tokens strictly before t
+    mask = (eos_before == 0).long()  # [N, R]
+    truncated = is_eos.sum(-1) == 0  # [N]
+    return mask, truncated
+
+
+def decode_responses(tokenizer: PreTrainedTokenizerBase, response_ids: Tensor, response_mask: Tensor) -> list[str]:
+    """The text of each response, without EOS and what follows it."""
+    lengths = response_mask.sum(-1).tolist()
+    rows = [ids[:length] for ids, length in zip(response_ids.tolist(), lengths)]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)

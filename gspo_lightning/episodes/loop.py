@@ -7,9 +7,10 @@
 
 A single response is a one-turn trajectory with no environment. ``advance`` takes a whole turn (synchronous
 rounds) or at most ``chunk`` tokens of it (streaming, which may load new weights between two steps: a turn then
-spans versions, each token recording its own in ``versions``). Finished trajectories drop out of the batch. Every continuation is the episode's whole token history (its own
-sampled ids and the template's, never re-encoded text), so vLLM's prefix cache serves what it has seen, and the
-cost of a turn is the new observation's prefill. No Lightning here.
+spans versions, each token recording its own in ``versions``). Finished trajectories drop out of the batch.
+Every continuation is the trajectory's whole token history (its own sampled ids and the template's, never
+re-encoded text), left-padded into one engine call, so vLLM's prefix cache serves what it has seen and the cost of
+a turn is the new observation's prefill. No Lightning here.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings
-from gspo_lightning.engines.continuation import SEED_STRIDE, continue_token_lists, new_tokens
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded
 from gspo_lightning.episodes.environment import (
     Environment,
     EnvironmentFactory,
@@ -37,6 +37,9 @@ from gspo_lightning.validation import UserCodeError, qualified_name
 
 logger = logging.getLogger(__name__)
 
+SEED_STRIDE = 1_000_003
+"""Between the seeds of successive engine calls (turns, chunks): call k seeds its rows from seed + k * stride, so no
+two calls share a random stream."""
 
 
 class EpisodeError(RuntimeError):
@@ -148,16 +151,15 @@ def advance(
     answered by its environment (or, a single response, is done). Single responses not yet started, in blocks of
     ``group_size`` of one prompt, are sampled as one prompt with ``group_size`` continuations (one prefill)."""
     fresh = _fresh_groups(states, active, group_size)
-    if fresh:
-        samples = _sample_groups(run, [states[index] for index in fresh], group_size, seed, chunk)
-        for row, index in enumerate(fresh):
+    rest = [index for index in active if index not in set(fresh)]
+    calls = [(fresh[::group_size], group_size, fresh)] if fresh else []  # each block's prompt once, G continuations
+    calls += [(group, 1, group) for group in (_budget_groups(run, states, rest, chunk) if rest or not fresh else [])]
+    offset = 0
+    for firsts, continuations, rows in calls:
+        samples = _continue(run, [states[index] for index in firsts], continuations, seed + offset, chunk)
+        for row, index in enumerate(rows):
             _take_turn(run, states[index], samples, row, version, chunk)
-    rest, offset = [index for index in active if index not in set(fresh)], len(fresh)
-    for group in _budget_groups(run, states, rest, chunk) if rest or not fresh else []:
-        samples = _sample_turn(run, [states[index] for index in group], seed + offset, chunk)
-        for row, index in enumerate(group):
-            _take_turn(run, states[index], samples, row, version, chunk)
-        offset += len(group)  # every request of a step draws from its own seeded stream
+        offset += len(rows)  # every request of a step draws from its own seeded stream
     for index in active:
         episode = states[index]
         if episode.done or episode.turn_tokens:  # finished, or its turn goes on in the next chunk
@@ -177,17 +179,6 @@ def _fresh_groups(states: list[EpisodeState], active: list[int], group_size: int
     whole = [block for block in blocks if len(block) == group_size and block[-1] - block[0] == group_size - 1
              and all(states[i].prompt_ids == states[block[0]].prompt_ids for i in block)]  # fmt: skip
     return [index for block in whole for index in block]
-
-
-def _sample_groups(
-    run: EpisodeRun, fresh: list[EpisodeState], group_size: int, seed: int, chunk: int | None
-) -> EngineSamples:
-    """One engine call for fresh single responses: each block's prompt once, ``group_size`` continuations."""
-    budget = run.sampling.max_new_tokens if chunk is None else min(run.sampling.max_new_tokens, chunk)
-    settings = SamplingSettings(budget, run.sampling.temperature, run.sampling.top_p, run.sampling.top_k)
-    prompts = [state.prompt_ids for state in fresh[::group_size]]
-    return continue_token_lists(run.engine, run.policy, run.tokenizer, prompts, settings, seed, run.with_logprobs,
-                                run.synced_gpus, run.device, group_size)  # fmt: skip
 
 
 def reset_episode(run: EpisodeRun, row: dict[str, Any], index: int) -> EpisodeState:
@@ -232,13 +223,30 @@ def _budget_groups(
     return [groups[budget] for budget in sorted(groups, reverse=True)] or [[]]
 
 
-def _sample_turn(run: EpisodeRun, active: list[EpisodeState], seed: int, chunk: int | None = None) -> EngineSamples:
-    """One engine call for every active episode: its whole history, one continuation each."""
-    budget = max((_remaining(run, e, chunk) for e in active), default=1)
+def _continue(
+    run: EpisodeRun, states: list[EpisodeState], group_size: int, seed: int, chunk: int | None
+) -> EngineSamples:
+    """One engine call: ``group_size`` continuations of each state's whole history, as long as the roomiest needs
+    (an empty list still makes the call, with one pad token, as a rank with nothing to do under sharded sampling
+    must)."""
+    budget = max((_remaining(run, state, chunk) for state in states), default=1)
     settings = SamplingSettings(budget, run.sampling.temperature, run.sampling.top_p, run.sampling.top_k)
-    contexts = [e.prompt_ids + e.response_ids for e in active]
-    return continue_token_lists(run.engine, run.policy, run.tokenizer, contexts, settings, seed, run.with_logprobs,
-                                run.synced_gpus, run.device)  # fmt: skip
+    pad = run.tokenizer.pad_token_id
+    contexts = [state.prompt_ids + state.response_ids for state in states] or [[pad]]
+    ids = padded(contexts, pad, left=True).to(run.device)  # [A, L]
+    mask = padded([[1] * len(context) for context in contexts], 0, left=True).to(run.device)  # [A, L]
+    return run.engine.sample(run.policy, run.tokenizer, ids, mask, settings, group_size, run.with_logprobs,
+                             run.synced_gpus, seed)  # fmt: skip
+
+
+def new_tokens(row: list[int], eos_token_id: int, room: int) -> list[int]:
+    """A continuation's tokens up to and including its first EOS (the engine pads after it), at most ``room``.
+
+    A row without EOS ran to the call's ``max_new_tokens``, the longest of the batch: every token of it was
+    sampled (a pad id among them too), and each lines up with its log-prob."""
+    if eos_token_id in row:
+        row = row[: row.index(eos_token_id) + 1]
+    return row[:room]
 
 
 def _take_turn(

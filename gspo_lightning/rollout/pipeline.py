@@ -138,22 +138,3 @@ def encode_prompts(
     tokenizer.padding_side = "left"
     encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=add_special)
     return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
-
-def response_mask_until_eos(response_ids: Tensor, eos_token_id: int) -> tuple[Tensor, Tensor]:
-    """Mask of the tokens up to and including the first EOS, and which responses never reached EOS.
-
-    Returns:
-        mask: [N, R] long, 1 on response tokens (EOS included: the policy must learn to stop).
-        truncated: [N] bool, True where no EOS was produced within max_new_tokens.
-    """
-    is_eos = (response_ids == eos_token_id).long()  # [N, R]
-    eos_before = is_eos.cumsum(-1) - is_eos  # [N, R] EOS tokens strictly before t
-    mask = (eos_before == 0).long()  # [N, R]
-    truncated = is_eos.sum(-1) == 0  # [N]
-    return mask, truncated
-
-def decode_responses(tokenizer: PreTrainedTokenizerBase, response_ids: Tensor, response_mask: Tensor) -> list[str]:
-    """The text of each response, without EOS and what follows it."""
-    lengths = response_mask.sum(-1).tolist()
-    rows = [ids[:length] for ids, length in zip(response_ids.tolist(), lengths)]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)

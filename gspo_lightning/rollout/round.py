@@ -29,7 +29,7 @@ from gspo_lightning.objectives.advantages import advantages_with_skips, skipped_
 from gspo_lightning.objectives.kl import kl_penalised_rewards
 from gspo_lightning.rollout.dynamic_sampling import choose_groups, concat_rollouts, informative_groups, select_groups
 from gspo_lightning.rollout.minibatches import PolicyPass, assemble_minibatches, policy_passes
-from gspo_lightning.rollout.trajectories import episode_run, sample_and_score_trajectories
+from gspo_lightning.rollout.trajectories import sample_and_score_trajectories, trajectory_run
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring
 from gspo_lightning.rollout.types import Minibatch, Prompt, PromptBatch, Rollout
 
@@ -230,16 +230,10 @@ def shaped_rewards(rollout: Rollout, passes: list[PolicyPass], penalty: KLReward
 
 
 def round_trajectory_run(engine: SamplingEngine, model: RoundModel, settings: RoundSettings) -> EpisodeRun:
-    """The trajectory generator's settings in a training round: a turn is sampled like a response; without
-    ``settings.episodes``, single responses (one turn, no environment, no episode budget)."""
+    """The trajectory generator's settings in a training round: a turn is sampled like a response."""
     sampling = SamplingSettings(model.max_new_tokens, model.temperature, settings.top_p, settings.top_k)
-    if settings.episodes is None:
-        return EpisodeRun(engine, model.policy, model.tokenizer, sampling, None, 1, None, settings.scoring.errors,
+    return trajectory_run(engine, model.policy, model.tokenizer, sampling, settings.episodes, settings.scoring.errors,
                           model.engine_logprobs, model.synced_gpus, model.device)  # fmt: skip
-    return episode_run(
-        engine, model.policy, model.tokenizer, sampling, settings.episodes, settings.scoring.errors,
-        model.engine_logprobs, model.synced_gpus, model.device,
-    )  # fmt: skip
 
 
 def with_advantages(rollout: Rollout, rewards: Tensor, settings: RoundSettings) -> Rollout:

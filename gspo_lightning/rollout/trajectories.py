@@ -11,45 +11,39 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
-from torch import nn
+from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from gspo_lightning.engines.base import SamplingEngine, SamplingSettings, padded
 from gspo_lightning.episodes.loop import EpisodeRun, EpisodeState, advance, run_episodes
-from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.episodes.rewards import ENVIRONMENT_REWARD, EPISODE_MESSAGES
+from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.rewards.scoring import score_completions
-from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length, encode_prompts, fit_prompts_to_context
-from gspo_lightning.rollout.pipeline import repeat_each
+from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length, encode_prompts
+from gspo_lightning.rollout.pipeline import fit_prompts_to_context, repeat_each
 from gspo_lightning.rollout.types import EpisodeCounts, Rollout
 
-def episode_run(
+
+def trajectory_run(
     engine: SamplingEngine,
     policy: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     sampling: SamplingSettings,
-    episodes: EpisodeSettings,
+    episodes: EpisodeSettings | None,
     errors: str = "raise",
     with_logprobs: bool = False,
     synced_gpus: bool = False,
     device: Any = "cpu",
 ) -> EpisodeRun:
-    """What the episode loop runs with: a turn is sampled with ``sampling`` (its ``max_new_tokens`` per turn), an
-    episode holds at most ``max_episode_tokens`` (the policy's context when unset)."""
-    return EpisodeRun(
-        engine=engine,
-        policy=policy,
-        tokenizer=tokenizer,
-        sampling=sampling,
-        make_environment=episodes.factory(),
-        max_turns=episodes.max_turns,
-        budget=episodes.episode_budget(context_length(policy, tokenizer)),
-        errors=errors,
-        with_logprobs=with_logprobs,
-        synced_gpus=synced_gpus,
-        device=device,
-    )
+    """What the trajectory generator runs with: a turn is sampled with ``sampling`` (its ``max_new_tokens`` per
+    turn), an episode holds at most ``max_episode_tokens`` (the policy's context when unset); ``episodes`` None:
+    single responses (one turn, no environment, no episode budget)."""
+    factory, turns, budget = None, 1, None
+    if episodes is not None:
+        factory, turns = episodes.factory(), episodes.max_turns
+        budget = episodes.episode_budget(context_length(policy, tokenizer))
+    return EpisodeRun(engine, policy, tokenizer, sampling, factory, turns, budget, errors, with_logprobs, synced_gpus,
+                      device)  # fmt: skip
 
 
 def single_responses(prompt_ids: Tensor, prompt_mask: Tensor, cut: Tensor, group_size: int) -> list[EpisodeState]:

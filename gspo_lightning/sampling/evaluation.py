@@ -19,8 +19,7 @@ from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.metrics import PassAtK
 from gspo_lightning.rollout.checks import check_data_columns, validate_evaluation
 from gspo_lightning.rollout.data_contract import DataSide
-from gspo_lightning.episodes.loop import EpisodeRun
-from gspo_lightning.rollout.trajectories import episode_run, sample_and_score_trajectories
+from gspo_lightning.rollout.trajectories import sample_and_score_trajectories, trajectory_run
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring
 from gspo_lightning.sampling.sampler import GroupSampler
 from gspo_lightning.validation import SettingError
@@ -223,11 +222,7 @@ class HeldOutEvaluation(Callback):
         errors = sampler.reward_errors if sampler is not None else "raise"
         sharded = parameters_are_sharded(trainer)
         sampling = self.sampling_settings(pl_module)
-        if episodes is not None:
-            run = episode_run(self._engine, pl_module.policy, pl_module.tokenizer, sampling, episodes, errors,
-                              synced_gpus=sharded, device=pl_module.device)  # fmt: skip
-        else:
-            run = EpisodeRun(self._engine, pl_module.policy, pl_module.tokenizer, sampling, None, 1, None,
+        run = trajectory_run(self._engine, pl_module.policy, pl_module.tokenizer, sampling, episodes, errors,
                              synced_gpus=sharded, device=pl_module.device)  # fmt: skip
         any_rank = lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False)  # noqa: E731
         # n samples of each prompt: prompt i's are rows i*n .. i*n + n - 1

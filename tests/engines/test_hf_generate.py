@@ -6,7 +6,8 @@ import torch
 from gspo_lightning.engines.base import SamplingSettings
 from gspo_lightning.engines.hf import generate_groups, generate_responses, generate_with_logprobs, prefill_prompt_cache
 from gspo_lightning.logprobs import response_logprobs
-from gspo_lightning.rollout.pipeline import decode_responses, encode_prompts, render_prompt, response_mask_until_eos
+from gspo_lightning.engines.base import decode_responses, response_mask_until_eos
+from gspo_lightning.rollout.pipeline import encode_prompts, render_prompt
 
 EOS = 1
 

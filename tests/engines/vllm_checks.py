@@ -27,7 +27,8 @@ from gspo_lightning.engines.base import SamplingSettings  # noqa: E402
 from gspo_lightning.logprobs import response_logprobs  # noqa: E402
 from gspo_lightning.models import TinyQwen3  # noqa: E402
 from gspo_lightning.models.loaders import DEFAULT_ALPHABET  # noqa: E402
-from gspo_lightning.rollout.pipeline import encode_prompts, response_mask_until_eos  # noqa: E402
+from gspo_lightning.engines.base import response_mask_until_eos  # noqa: E402
+from gspo_lightning.rollout.pipeline import encode_prompts  # noqa: E402
 
 PROMPTS, G, MAX_NEW = ["1+1=", "12+34=", "7"], 4, 8
 SHARED = "Add the two numbers. 12+34=46, 7+8=15, 100+1=101. "  # a system prompt / few-shot header, repeated
