@@ -8,7 +8,7 @@ It is a ``ValueError``, so code that catches those keeps working.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -92,6 +92,11 @@ def require(condition: bool, message: str) -> None:
     """Raise ``SettingError(message)`` unless ``condition`` holds."""
     if not condition:
         raise SettingError(message)
+
+
+def require_one_of(setting: str, value: Any, allowed: Sequence[str], note: str = "") -> None:
+    """Raise a ``SettingError`` naming ``setting``, the allowed values and ``value`` unless it is one of them."""
+    require(value in allowed, f"{setting} must be one of {list(allowed)}, got {value!r}{note}")
 
 
 _OPTIMIZER_SETTINGS = {"learning rate": "lr", "beta": "betas", "epsilon": "eps", "weight_decay": "weight_decay",

@@ -3,9 +3,11 @@ change the numbers (issue 24's rollout pipeline) is checked with it.
 
     python experiments/bitwise/run.py --before /path/to/old/checkout [--after .]
 
-Each checkout runs, with this interpreter, 24 optimizer steps of ``configs/quickstart.yaml`` three ways: as is;
+Each checkout runs, with this interpreter, 24 optimizer steps of ``configs/quickstart.yaml`` four ways: as is;
 with dynamic sampling, truncated responses masked and a KL penalty in the reward; with pi_old from the engine and
-GSPO-token. Every logged column but the ``time/*`` ones must be equal as written (bitwise), row by row.
+GSPO-token; sampled one round ahead (``sampler.asynchronous`` fixed lag 1, TIS); and 24 steps of the multi-turn
+tool demo (``configs/tool_calculator.yaml``). Every logged column but the ``time/*`` ones must be equal as written
+(bitwise), row by row.
 """
 
 from __future__ import annotations
@@ -17,18 +19,22 @@ import sys
 import tempfile
 from pathlib import Path
 
+QUICKSTART, TOOLS = "configs/quickstart.yaml", "configs/tool_calculator.yaml"
 VARIANTS = {
-    "plain": [],
-    "dynamic_kl": ["--sampler.dynamic_sampling=true", "--sampler.mask_truncated=true",
-                   "--model.init_args.objective={name: gspo, kl_coef: 0.05, kl_in: reward}"],
-    "engine_logprobs": ["--sampler.old_logprobs=engine", "--model.init_args.objective={name: gspo_token}"],
+    "plain": (QUICKSTART, []),
+    "dynamic_kl": (QUICKSTART, ["--sampler.dynamic_sampling=true", "--sampler.mask_truncated=true",
+                                "--model.init_args.objective={name: gspo, kl_coef: 0.05, kl_in: reward}"]),
+    "engine_logprobs": (QUICKSTART, ["--sampler.old_logprobs=engine", "--model.init_args.objective={name: gspo_token}"]),
+    "fixed_lag": (QUICKSTART, ["--sampler.asynchronous.mode=fixed_lag", "--sampler.asynchronous.lag=1",
+                               "--model.init_args.rollout_correction.mode=tis"]),
+    "episodes": (TOOLS, []),
 }  # fmt: skip
 
 
 def run(checkout: Path, out: Path) -> dict[str, list[dict[str, str]]]:
     rows = {}
-    for name, extra in VARIANTS.items():
-        command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", "configs/quickstart.yaml",
+    for name, (config, extra) in VARIANTS.items():
+        command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", config,
                    "--trainer.max_steps=24", "--trainer.enable_progress_bar=false", "--evaluation.every_n_steps=12",
                    f"--trainer.logger.init_args.save_dir={out}", f"--trainer.logger.init_args.name={name}", *extra]  # fmt: skip
         subprocess.run(command, cwd=checkout, check=True, capture_output=True, env=None)

@@ -111,15 +111,9 @@ class FixedLagRounds:
 
 
 def _sampling_job(
-    engine: SamplingEngine,
-    model: RoundModel,
-    settings: RoundSettings,
-    batch: PromptBatch,
-    seed: int,
-    version: int,
-    before: Callable[[], None] | None = None,
-    any_rank: Callable[[bool], bool] = bool,
-) -> Job:
+    engine: SamplingEngine, model: RoundModel, settings: RoundSettings, batch: PromptBatch, seed: int, version: int,
+    before: Callable[[], None] | None = None, any_rank: Callable[[bool], bool] = bool,
+) -> Job:  # fmt: skip
     def job() -> tuple[Rollout, dict[str, float]]:
         if before is not None:
             before()

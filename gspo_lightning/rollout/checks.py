@@ -17,17 +17,13 @@ from gspo_lightning.rewards.isolation import REWARD_ISOLATIONS
 from gspo_lightning.rewards.scoring import REWARD_ERRORS
 from gspo_lightning.rollout.minibatches import check_divisible
 from gspo_lightning.rollout.pipeline import PROMPT_OVERFLOWS, encode_prompts
-from gspo_lightning.validation import SettingError, require
+from gspo_lightning.validation import SettingError, require, require_one_of
 
 
 def validate_sampling(
-    rewards: Sequence[Any],
-    reward_weights: Sequence[float] | None,
-    group_size: int,
-    num_minibatches: int,
-    top_p: float,
-    top_k: int,
-) -> None:
+    rewards: Sequence[Any], reward_weights: Sequence[float] | None, group_size: int, num_minibatches: int,
+    top_p: float, top_k: int,
+) -> None:  # fmt: skip
     """Rewards, group size, K and the sampler's untruncated sampling."""
     require(len(rewards) > 0, "sampler.rewards must name at least one reward function")
     require(
@@ -46,10 +42,7 @@ def validate_sampling(
 
 def validate_round(advantage_scale: str, max_extra_draws: int) -> None:
     """What the advantages are divided by, and dynamic sampling's cap on extra draws."""
-    require(
-        advantage_scale in ADVANTAGE_SCALES,
-        f"sampler.advantage_scale must be one of {list(ADVANTAGE_SCALES)}, got {advantage_scale!r}",
-    )
+    require_one_of("sampler.advantage_scale", advantage_scale, ADVANTAGE_SCALES)
     require(
         isinstance(max_extra_draws, int) and max_extra_draws >= 0,
         f"sampler.max_extra_draws must be an integer >= 0, got {max_extra_draws!r}",
@@ -69,18 +62,9 @@ def validate_robustness(
     reward_timeout_s: float | None, reward_isolation: str, reward_errors: str, prompt_overflow: str
 ) -> None:
     """How misbehaving reward functions and overlong prompts are handled."""
-    require(
-        reward_isolation in REWARD_ISOLATIONS,
-        f"sampler.reward_isolation must be one of {list(REWARD_ISOLATIONS)}, got {reward_isolation!r}",
-    )
-    require(
-        reward_errors in REWARD_ERRORS,
-        f"sampler.reward_errors must be one of {list(REWARD_ERRORS)}, got {reward_errors!r}",
-    )
-    require(
-        prompt_overflow in PROMPT_OVERFLOWS,
-        f"sampler.prompt_overflow must be one of {list(PROMPT_OVERFLOWS)}, got {prompt_overflow!r}",
-    )
+    require_one_of("sampler.reward_isolation", reward_isolation, REWARD_ISOLATIONS)
+    require_one_of("sampler.reward_errors", reward_errors, REWARD_ERRORS)
+    require_one_of("sampler.prompt_overflow", prompt_overflow, PROMPT_OVERFLOWS)
     number = isinstance(reward_timeout_s, int | float) and not isinstance(reward_timeout_s, bool)
     require(
         reward_timeout_s is None or (number and reward_timeout_s > 0),
@@ -150,34 +134,20 @@ OldLogprobSource = Literal["recompute", "engine"]
 
 def validate_old_logprobs(old_logprobs: str) -> None:
     renamed = " (renamed: 'sampler' is now 'engine')" if old_logprobs == "sampler" else ""
-    require(
-        old_logprobs in ("recompute", "engine"),
-        f"sampler.old_logprobs must be one of ['recompute', 'engine'], got {old_logprobs!r}{renamed}",
-    )
+    require_one_of("sampler.old_logprobs", old_logprobs, ("recompute", "engine"), renamed)
 
 
 def validate_evaluation(
-    every_n_steps: int,
-    max_new_tokens: int | None,
-    prompt_overflow: str,
-    samples_per_prompt: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    pass_k: Sequence[int],
-    solved_at: float,
-    seed: int,
-) -> None:
+    every_n_steps: int, max_new_tokens: int | None, prompt_overflow: str, samples_per_prompt: int, temperature: float,
+    top_p: float, top_k: int, pass_k: Sequence[int], solved_at: float, seed: int,
+) -> None:  # fmt: skip
     """Every ``evaluation.*`` setting, checked before any model is built; each message names the setting."""
     require(every_n_steps >= 0, f"evaluation.every_n_steps must be >= 0 (0 disables it), got {every_n_steps}")
     require(
         max_new_tokens is None or max_new_tokens >= 1,
         f"evaluation.max_new_tokens must be >= 1 or null (the module's), got {max_new_tokens}",
     )
-    require(
-        prompt_overflow in PROMPT_OVERFLOWS,
-        f"evaluation.prompt_overflow must be one of {list(PROMPT_OVERFLOWS)}, got {prompt_overflow!r}",
-    )
+    require_one_of("evaluation.prompt_overflow", prompt_overflow, PROMPT_OVERFLOWS)
     require(
         samples_per_prompt >= 1,
         f"evaluation.samples_per_prompt must be >= 1 (1: one greedy decode per prompt), got {samples_per_prompt}",

@@ -70,16 +70,10 @@ class PolicyPass:
 
 @torch.no_grad()
 def policy_passes(
-    rollout: Rollout,
-    num_minibatches: int,
-    policy: nn.Module,
-    temperature: float = 1.0,
-    reference: nn.Module | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    old_from_engine: bool = False,
-    mask_truncated: bool = False,
-    layout: BatchLayout = BatchLayout(),
-) -> list[PolicyPass]:
+    rollout: Rollout, num_minibatches: int, policy: nn.Module, temperature: float = 1.0,
+    reference: nn.Module | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE, old_from_engine: bool = False,
+    mask_truncated: bool = False, layout: BatchLayout = BatchLayout(),
+) -> list[PolicyPass]:  # fmt: skip
     """Cut the rollout into K contiguous row blocks and record pi_old's per-token log-probs for each.
 
     Contiguous rows keep a prompt's G responses together whenever G divides N / K; one block at a time bounds
@@ -152,14 +146,9 @@ def split_minibatches(
 
 
 def _reference_logprobs(
-    reference: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    response_length: int,
-    temperature: float,
-    chunk_size: int,
-    layout: BatchLayout = BatchLayout(),
-) -> Tensor:
+    reference: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int, temperature: float,
+    chunk_size: int, layout: BatchLayout = BatchLayout(),
+) -> Tensor:  # fmt: skip
     """pi_ref's log-probs, computed where the reference lives and returned on the policy's device."""
     device = next(reference.parameters()).device
     logprobs = response_logprobs(

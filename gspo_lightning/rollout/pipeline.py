@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from gspo_lightning.rewards.isolation import RewardRunner
 from gspo_lightning.rewards.scoring import RewardFunction
 from gspo_lightning.rollout.types import Prompt
-from gspo_lightning.validation import SettingError
+from gspo_lightning.validation import SettingError, require_one_of
 
 PromptOverflow = Literal["error", "truncate", "skip"]
 
@@ -73,8 +73,7 @@ def fit_prompts_to_context(
         prompt_mask: [P, Lp'].
         overflowed: [P] bool, True for the prompts that were (or would have been) cut.
     """
-    if overflow not in PROMPT_OVERFLOWS:
-        raise SettingError(f"{setting} must be one of {list(PROMPT_OVERFLOWS)}, got {overflow!r}")
+    require_one_of(setting, overflow, PROMPT_OVERFLOWS)
     lengths = prompt_mask.sum(-1)  # [P]
     if context is None:
         return prompt_ids, prompt_mask, lengths < 0  # [P, Lp], [P, Lp], [P] all False

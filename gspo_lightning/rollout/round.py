@@ -87,14 +87,9 @@ class RoundResult:
 
 
 def run_round(
-    engine: SamplingEngine,
-    model: RoundModel,
-    settings: RoundSettings,
-    batch: PromptBatch,
-    seed: int,
-    draw_prompts: Callable[[], PromptBatch] | None = None,
-    any_rank: Callable[[bool], bool] = bool,
-) -> RoundResult:
+    engine: SamplingEngine, model: RoundModel, settings: RoundSettings, batch: PromptBatch, seed: int,
+    draw_prompts: Callable[[], PromptBatch] | None = None, any_rank: Callable[[bool], bool] = bool,
+) -> RoundResult:  # fmt: skip
     """One round, every stage once. ``draw_prompts`` serves dynamic sampling's extra prompts; ``any_rank`` turns
     this rank's "I need more" into the decision of all ranks (sharded sampling is a collective)."""
     seconds: dict[str, float] = {}
@@ -104,15 +99,10 @@ def run_round(
 
 
 def sample_round(
-    engine: SamplingEngine,
-    model: RoundModel,
-    settings: RoundSettings,
-    batch: PromptBatch,
-    seed: int,
-    seconds: dict[str, float],
-    draw_prompts: Callable[[], PromptBatch] | None = None,
+    engine: SamplingEngine, model: RoundModel, settings: RoundSettings, batch: PromptBatch, seed: int,
+    seconds: dict[str, float], draw_prompts: Callable[[], PromptBatch] | None = None,
     any_rank: Callable[[bool], bool] = bool,
-) -> tuple[Rollout, dict[str, int]]:
+) -> tuple[Rollout, dict[str, int]]:  # fmt: skip
     """The round's first stages: sample, score and (dynamic sampling) refill; the scored rollout (advantages
     None) and dynamic sampling's counts. Asynchronous rollouts run this ahead of training."""
     rollout = sample_groups(engine, model, settings, batch.prompts, batch.columns, seed, seconds, any_rank)
@@ -130,12 +120,9 @@ def sample_round(
 
 
 def train_round(
-    rollout: Rollout,
-    model: RoundModel,
-    settings: RoundSettings,
-    counts: dict[str, int] | None = None,
+    rollout: Rollout, model: RoundModel, settings: RoundSettings, counts: dict[str, int] | None = None,
     seconds: dict[str, float] | None = None,
-) -> RoundResult:
+) -> RoundResult:  # fmt: skip
     """The round's last stages, with the trainer's current weights: pi_old's (and the reference's) pass, reward
     shaping, advantages (once) and the K minibatches. Under asynchronous rollouts this pi_old is the proximal
     policy and ``rollout.engine_logprobs`` the behaviour policy's."""
@@ -162,15 +149,10 @@ def train_round(
 
 
 def sample_groups(
-    engine: SamplingEngine,
-    model: RoundModel,
-    settings: RoundSettings,
-    prompts: list[Prompt],
-    columns: dict[str, list[Any]],
-    seed: int,
-    seconds: dict[str, float] | None = None,
+    engine: SamplingEngine, model: RoundModel, settings: RoundSettings, prompts: list[Prompt],
+    columns: dict[str, list[Any]], seed: int, seconds: dict[str, float] | None = None,
     any_rank: Callable[[bool], bool] = bool,
-) -> Rollout:
+) -> Rollout:  # fmt: skip
     """G responses (or, with ``settings.episodes``, G multi-turn episodes) per prompt from the engine, scored
     (``advantages`` still None); ``seconds`` gets the timings. ``any_rank``: as in ``run_round`` (episodes under
     sharded parameters take a turn as long as any rank has an episode going)."""
@@ -184,12 +166,9 @@ def sample_groups(
 
 
 def refill_groups(
-    rollout: Rollout,
-    sample_more: Callable[[int], Rollout],
-    settings: RoundSettings,
-    pad_token_id: int,
+    rollout: Rollout, sample_more: Callable[[int], Rollout], settings: RoundSettings, pad_token_id: int,
     any_rank: Callable[[bool], bool] = bool,
-) -> tuple[Rollout, dict[str, int]]:
+) -> tuple[Rollout, dict[str, int]]:  # fmt: skip
     """DAPO's dynamic sampling: more prompts (``sample_more(k)`` for the k-th extra batch) until P informative
     groups or ``max_extra_draws``, then the round's P groups: the informative ones first."""
     group = settings.group_size

@@ -114,12 +114,9 @@ def select_rank(per_rank: list[dict[str, Any]], owner: str) -> dict[str, Any]:
 
 
 def round_checkpoint(
-    rollout_index: int | None,
-    minibatches: list[Minibatch],
-    stats: dict[str, torch.Tensor],
-    fixed: dict[str, Any],
+    rollout_index: int | None, minibatches: list[Minibatch], stats: dict[str, torch.Tensor], fixed: dict[str, Any],
     sampled_ahead: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # fmt: skip
     """A sampler's checkpoint: every rank's partly consumed round, the rounds it sampled ahead (asynchronous
     rollouts), its random state, and the settings it fixes."""
     local = {

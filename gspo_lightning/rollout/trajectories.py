@@ -25,16 +25,10 @@ from gspo_lightning.rollout.types import EpisodeCounts, Rollout
 
 
 def trajectory_run(
-    engine: SamplingEngine,
-    policy: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    sampling: SamplingSettings,
-    episodes: EpisodeSettings | None,
-    errors: str = "raise",
-    with_logprobs: bool = False,
-    synced_gpus: bool = False,
+    engine: SamplingEngine, policy: nn.Module, tokenizer: PreTrainedTokenizerBase, sampling: SamplingSettings,
+    episodes: EpisodeSettings | None, errors: str = "raise", with_logprobs: bool = False, synced_gpus: bool = False,
     device: Any = "cpu",
-) -> EpisodeRun:
+) -> EpisodeRun:  # fmt: skip
     """What the trajectory generator runs with: a turn is sampled with ``sampling`` (its ``max_new_tokens`` per
     turn), an episode holds at most ``max_episode_tokens`` (the policy's context when unset); ``episodes`` None:
     single responses (one turn, no environment, no episode budget)."""
@@ -88,16 +82,9 @@ class RolloutLayout:
 
 
 def episode_rollout(
-    episodes: list[EpisodeState],
-    prompts: list[Any],
-    rewards: Tensor,
-    components: dict[str, Tensor],
-    group_size: int,
-    tokenizer: PreTrainedTokenizerBase,
-    max_turns: int,
-    layout: RolloutLayout,
-    device: Any,
-) -> Rollout:
+    episodes: list[EpisodeState], prompts: list[Any], rewards: Tensor, components: dict[str, Tensor], group_size: int,
+    tokenizer: PreTrainedTokenizerBase, max_turns: int, layout: RolloutLayout, device: Any,
+) -> Rollout:  # fmt: skip
     """The N trajectories as one ``Rollout`` (advantages still None) on ``device``."""
     pad = tokenizer.pad_token_id
     response_ids = padded([e.response_ids for e in episodes], pad, torch.long).to(device)  # [N, R]
@@ -165,16 +152,10 @@ def episode_counts(episodes: list[EpisodeState]) -> EpisodeCounts:
 
 
 def sample_and_score_trajectories(
-    run: EpisodeRun,
-    prompts: list[Any],
-    columns: dict[str, list[Any]],
-    group_size: int,
-    scoring: Scoring,
-    seed: int,
-    overflow: PromptOverflow = "error",
-    overflow_setting: str = "sampler.prompt_overflow",
+    run: EpisodeRun, prompts: list[Any], columns: dict[str, list[Any]], group_size: int, scoring: Scoring, seed: int,
+    overflow: PromptOverflow = "error", overflow_setting: str = "sampler.prompt_overflow",
     any_rank: Callable[[bool], bool] = bool,
-) -> tuple[Rollout, dict[str, float]]:
+) -> tuple[Rollout, dict[str, float]]:  # fmt: skip
     """The sampling stage of a round (and of the evaluation): ``group_size`` trajectories per prompt (single
     responses, or episodes when ``run`` has an environment), scored, as a ``Rollout``; and the seconds it took
     (``generate_s``: tools and environments included; ``reward_s``)."""

@@ -90,18 +90,8 @@ class HeldOutEvaluation(Callback):
         seed: int = 0,
         engine: SamplingEngine | EngineName | None = None,
     ) -> None:
-        validate_evaluation(
-            every_n_steps,
-            max_new_tokens,
-            prompt_overflow,
-            samples_per_prompt,
-            temperature,
-            top_p,
-            top_k,
-            pass_k,
-            solved_at,
-            seed,
-        )
+        validate_evaluation(every_n_steps, max_new_tokens, prompt_overflow, samples_per_prompt, temperature, top_p,
+                            top_k, pass_k, solved_at, seed)  # fmt: skip
         self.prompt_overflow = prompt_overflow
         self.correct = correct
         self.every_n_steps = every_n_steps
