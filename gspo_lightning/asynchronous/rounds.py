@@ -175,19 +175,15 @@ class StreamingRounds:
             batch = self._batches[round_index]
             return batch.prompts[slot], {name: values[slot] for name, values in batch.columns.items()}
 
-        settings = request.settings
         plan = StreamPlan(
-            run=round_trajectory_run(self.engine, replace(model, engine_logprobs=True, synced_gpus=False), settings),
-            scoring=settings.scoring,
-            group_size=settings.group_size,
+            run=round_trajectory_run(self.engine, replace(model, engine_logprobs=True, synced_gpus=False),
+                                     request.settings),  # fmt: skip
+            settings=request.settings,
             prompts_per_round=prompts_per_round,
             max_staleness=self.settings.max_staleness,
             chunk_tokens=self.settings.chunk_tokens,
             seed=request.seed_of(0),
             context=context_length(model.policy, model.tokenizer),
-            prompt_overflow=settings.prompt_overflow,
-            dynamic_sampling=settings.dynamic_sampling,
-            max_extra_draws=settings.max_extra_draws,
         )
         producer = StreamingProducer(plan, prompt_of)
         if self._restored is not None:

@@ -37,7 +37,7 @@ from gspo_lightning.episodes.loop import SEED_STRIDE
 from gspo_lightning.episodes.loop import EpisodeRun, EpisodeState, advance, reset_episode
 from gspo_lightning.rollout.dynamic_sampling import informative_groups
 from gspo_lightning.rollout.trajectories import RolloutLayout, episode_rollout, fitted_responses, score_episodes
-from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring
+from gspo_lightning.rollout.round import RoundSettings
 from gspo_lightning.rollout.types import Prompt, Rollout
 
 PromptRow = tuple[Prompt, dict[str, Any]]
@@ -47,23 +47,24 @@ PromptRow = tuple[Prompt, dict[str, Any]]
 @dataclass(frozen=True)
 class StreamPlan:
     """What the streaming loop generates with: the trajectories' run (``make_environment`` None: single
-    responses), their scoring, the round's shape, the bound, and the settings a group is admitted under."""
+    responses), the round's settings (G, scoring, ``prompt_overflow``, dynamic sampling), P, the bound, the policy's
+    context."""
 
     run: EpisodeRun
-    scoring: Scoring
-    group_size: int
+    settings: RoundSettings
     prompts_per_round: int
     max_staleness: int
     chunk_tokens: int
     seed: int
     context: int | None = None
-    prompt_overflow: PromptOverflow = "error"
-    dynamic_sampling: bool = False
-    max_extra_draws: int = 4
 
     @property
     def single(self) -> bool:
         return self.run.make_environment is None
+
+    @property
+    def group_size(self) -> int:
+        return self.settings.group_size
 
 
 @dataclass
@@ -259,7 +260,7 @@ class StreamingProducer:
         """Group ``index``'s G fresh trajectories: environments reset, or the prompt fitted to the context."""
         plan, g = self.plan, self.plan.group_size
         if plan.single:
-            trajectories = fitted_responses(plan.run, [prompt], g, plan.context, plan.prompt_overflow)
+            trajectories = fitted_responses(plan.run, [prompt], g, plan.context, plan.settings.prompt_overflow)
         else:
             row = {**columns, "prompt": prompt}
             trajectories = [reset_episode(plan.run, row, index * g + j) for j in range(g)]
@@ -286,18 +287,18 @@ class StreamingProducer:
     def _scored(self, group: Group) -> Group:
         columns = {name: [value] for name, value in group.columns.items()}
         group.rewards, group.components = score_episodes(
-            group.trajectories, [group.prompt], columns, self.plan.group_size, self.plan.scoring, self.plan.single
+            group.trajectories, [group.prompt], columns, self.plan.group_size, self.plan.settings.scoring, self.plan.single
         )  # [G]
         return group
 
     def _replaces(self, group: Group) -> bool:
         """Dynamic sampling: an uninformative group gives its slot to a new prompt, while draws are left."""
-        plan = self.plan
-        if not plan.dynamic_sampling or group.draws >= plan.max_extra_draws:
+        settings = self.plan.settings
+        if not settings.dynamic_sampling or group.draws >= settings.max_extra_draws:
             return False
         assert group.rewards is not None
         with self._changed:
-            return bool(self.refill) and not bool(informative_groups(group.rewards, plan.group_size)[0])
+            return bool(self.refill) and not bool(informative_groups(group.rewards, settings.group_size)[0])
 
 
 def admission_state(group: Group) -> dict[str, Any]:
@@ -328,7 +329,7 @@ def groups_rollout(groups: list[Group], plan: StreamPlan, device: torch.device |
     rewards = torch.cat([group.rewards for group in groups if group.rewards is not None])  # [N]
     components = {name: torch.cat([group.components[name] for group in groups]) for name in groups[0].components}
     layout = RolloutLayout(plan.single, with_logprobs=True, with_versions=True,
-                           skip_cut=plan.single and plan.prompt_overflow == "skip")  # fmt: skip
+                           skip_cut=plan.single and plan.settings.prompt_overflow == "skip")  # fmt: skip
     return episode_rollout(
         trajectories, [group.prompt for group in groups], rewards, components, plan.group_size, plan.run.tokenizer,
         plan.run.max_turns, layout, device,

@@ -4,7 +4,7 @@ before any model is built; each message names the setting as the user wrote it."
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
@@ -185,21 +185,26 @@ def check_prompt_lengths(data: DataSide, tokenizer: Any, context: int | None, ma
     if context is None or not data.offers("prompt_chunks"):
         return
     for split in ("train", "eval"):
-        first, count = None, 0
-        for start, prompts in data.datamodule.prompt_chunks(split):
-            lengths = encode_prompts(tokenizer, prompts, "cpu")[1].sum(-1).tolist()  # [P] prompt tokens
-            over = [(start + row, n, prompts[row]) for row, n in enumerate(lengths) if n + max_new_tokens > context]
-            first, count = first or (over[0] if over else None), count + len(over)
-        if first is not None:
-            where = data.describe_split(split)
-            text = str(first[2])
+        over = [(row, n, prompt) for row, n, prompt in _prompt_lengths(data, tokenizer, split)
+                if n + max_new_tokens > context]  # fmt: skip
+        if over:
+            row, tokens, prompt = over[0]
+            text = str(prompt)
             raise SettingError(
-                f"row {first[0]} (counting from 0) of {where}, the prompt {text[:40] + '...' * (len(text) > 40)!r}, "
-                f"has {first[1]} tokens: with "
-                f"model.max_new_tokens={max_new_tokens} it needs {first[1] + max_new_tokens} > the policy's context "
-                f"length {context} ({count} prompt(s) of the split do); set sampler.prompt_overflow to 'truncate' or "
+                f"row {row} (counting from 0) of {data.describe_split(split)}, the prompt "
+                f"{text[:40] + '...' * (len(text) > 40)!r}, has {tokens} tokens: with model.max_new_tokens="
+                f"{max_new_tokens} it needs {tokens + max_new_tokens} > the policy's context length {context} "
+                f"({len(over)} prompt(s) of the split do); set sampler.prompt_overflow to 'truncate' or "
                 f"'skip' (allowed: {list(PROMPT_OVERFLOWS)}), shorten those prompts or lower model.max_new_tokens"
             )
+
+
+def _prompt_lengths(data: DataSide, tokenizer: Any, split: str) -> Iterator[tuple[int, int, Any]]:
+    """(row, tokens, prompt) of every prompt of ``split``, tokenised as sampling tokenises it."""
+    for start, prompts in data.datamodule.prompt_chunks(split):
+        if prompts:
+            lengths = encode_prompts(tokenizer, prompts, "cpu")[1].sum(-1).tolist()  # [P] prompt tokens
+            yield from ((start + row, n, prompts[row]) for row, n in enumerate(lengths))
 
 
 def check_micro_batch_budget(
@@ -210,9 +215,7 @@ def check_micro_batch_budget(
     fit start, not when the first long response is drawn. Padded micro-batches cost rows x that width at most."""
     if budget is None or not data.offers("prompt_chunks"):
         return
-    chunks = data.datamodule.prompt_chunks("train")
-    lengths = (encode_prompts(tokenizer, prompts, "cpu")[1].sum(-1) for _, prompts in chunks if prompts)
-    longest = max((int(tokens.max()) for tokens in lengths), default=0)
+    longest = max((n for _, n, _ in _prompt_lengths(data, tokenizer, "train")), default=0)
     need = longest + max_new_tokens if context is None else min(longest + max_new_tokens, context)
     if need > budget:
         raise SettingError(

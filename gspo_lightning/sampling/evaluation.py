@@ -114,9 +114,7 @@ class HeldOutEvaluation(Callback):
         """What ``eval/accuracy`` measures, for summaries."""
         if self.samples_per_prompt == 1:
             return "held-out greedy accuracy"
-        return (
-            f"held-out pass@1 ({self.samples_per_prompt} samples per prompt, temperature {self.sampling[0]})"
-        )
+        return f"held-out pass@1 ({self.samples_per_prompt} samples per prompt, temperature {self.sampling[0]})"
 
     def sampling_settings(self, pl_module: pl.LightningModule) -> SamplingSettings:
         """Greedy (``samples_per_prompt`` 1) or sampled, up to ``max_new_tokens`` (else the module's)."""
@@ -265,15 +263,7 @@ def metric_device(device: torch.device) -> torch.device:
     return torch.device("cpu") if device.type == "mps" else device
 
 def count_solved(scores: Tensor, samples_per_prompt: int, solved_at: float) -> Tensor:
-    """How many of each prompt's samples scored >= ``solved_at``.
-
-    Args:
-        scores: [P * n] scores, prompt-major (prompt i's samples at rows i*n .. i*n + n - 1).
-        samples_per_prompt: n.
-        solved_at: the score from which a sample counts as solved.
-
-    Returns:
-        [P] int64.
-    """
+    """[P] int64: how many of each prompt's n = ``samples_per_prompt`` samples scored >= ``solved_at`` (``scores``
+    [P * n], prompt i's at rows i*n .. i*n + n - 1)."""
     solved = scores >= solved_at  # [P * n] bool; NaN counts as unsolved
     return solved.view(-1, samples_per_prompt).sum(-1)  # [P]

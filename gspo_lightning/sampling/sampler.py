@@ -228,9 +228,7 @@ class GroupSampler(Callback):
             checks.check_prompt_lengths(data, module.tokenizer, context, module.max_new_tokens)
         if self.round.episodes is None:  # an episode's length is its turns': checked as each minibatch is cut
             budget = module.batch_layout.micro_batch_tokens
-            checks.check_micro_batch_budget(
-                data, module.tokenizer, budget, module.max_new_tokens, context
-            )
+            checks.check_micro_batch_budget(data, module.tokenizer, budget, module.max_new_tokens, context)
         for reward in self.rewards:  # e.g. LengthPenalty counts the policy's tokens
             if callable(getattr(reward, "setup", None)):
                 reward.setup(module.tokenizer)

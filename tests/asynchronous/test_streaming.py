@@ -17,6 +17,7 @@ from gspo_lightning.episodes.loop import EpisodeRun
 from gspo_lightning.models import TinyQwen3
 from gspo_lightning.models.char_tokenizer import ASCII_ALPHABET, TOOL_CHAT_TEMPLATE, build_char_tokenizer
 from gspo_lightning.rollout.pipeline import Scoring
+from gspo_lightning.rollout.round import RoundSettings
 from tests.conftest import TINY
 
 G, P, BOUND, LENGTH = 2, 2, 1, 6
@@ -50,7 +51,9 @@ def _plan(engine: SamplingEngine, length: int = LENGTH, environment=None, max_tu
     run = EpisodeRun(engine, None, tokenizer, SamplingSettings(length, 1.0), environment, max_turns, None,
                      with_logprobs=True)  # fmt: skip
     scoring = Scoring([lambda prompts, completions, **_: [float(len(c)) for c in completions]], [1.0])
-    return StreamPlan(run, scoring, G, P, BOUND, 2, seed=0, **settings)
+    context = settings.pop("context", None)
+    round_settings = RoundSettings(G, 1, scoring, **settings)
+    return StreamPlan(run, round_settings, P, BOUND, 2, seed=0, context=context)
 
 
 def _producer(engine: ChunkEngine) -> StreamingProducer:
