@@ -1,9 +1,9 @@
 """Where a round's sampling runs: in line (the round waits for it) or on a background thread beside training.
 
 A job samples and scores one round; it is handed to the producer at the start of an earlier round, with the
-weights of that moment (``schedule.rounds_to_submit``). ``InlineProducer`` runs it on the spot: the schedule of
+weights of that moment (``schedule.rounds_to_submit``). In line, the job runs on the spot: the schedule of
 policy versions is the asynchronous one, the wall time the synchronous one (an engine sharing the trainer's
-device and process). ``BackgroundProducer`` runs jobs one after the other on a thread of their own, for an engine
+device and process). In the background, jobs run one after the other on a thread of their own, for an engine
 that computes elsewhere (another process, other devices): the thread mostly waits on that engine while the
 trainer trains. Either way a job's result depends on its weights, prompts and seed only, never on timing.
 """
@@ -48,86 +48,55 @@ def run_job(round_index: int, version: int, job: Job) -> SampledRound:
     return SampledRound(round_index, version, rollout, seconds, started, time.perf_counter())
 
 
-class InlineProducer:
-    """Runs each job when it is submitted."""
+class Producer:
+    """Runs sampling jobs in line (``background`` False: when submitted, in the caller's thread) or one at a time,
+    in submission order, on a thread of its own; ``take`` returns a round's samples (waiting for them)."""
 
-    runs_in_background = False
-
-    def __init__(self) -> None:
-        self._done: dict[int, SampledRound] = {}
+    def __init__(self, background: bool) -> None:
+        self.runs_in_background = background
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="gspo-rollout") if background else None
+        self._rounds: dict[int, Future[SampledRound]] = {}
 
     def __contains__(self, round_index: int) -> bool:
-        return round_index in self._done
+        return round_index in self._rounds
 
     def submit(self, round_index: int, version: int, job: Job) -> None:
-        self._done[round_index] = run_job(round_index, version, job)
+        if self._executor is not None:
+            self._rounds[round_index] = self._executor.submit(run_job, round_index, version, job)
+            return
+        done: Future[SampledRound] = Future()
+        done.set_result(run_job(round_index, version, job))  # a job's error is raised here, in the caller's thread
+        self._rounds[round_index] = done
 
     def take(self, round_index: int) -> SampledRound:
-        """The sampled round (removed from the producer)."""
-        if round_index not in self._done:
-            raise RuntimeError(f"round {round_index} was never submitted for sampling (have {sorted(self._done)})")
-        return self._done.pop(round_index)
+        """The sampled round, removed from the producer (a job's error is raised here, in the trainer's thread)."""
+        if round_index not in self._rounds:
+            raise RuntimeError(f"round {round_index} was never submitted for sampling (have {sorted(self._rounds)})")
+        return self._rounds.pop(round_index).result()
 
     def drain(self) -> None:
         """Wait until no job is in flight (before a checkpoint, an evaluation borrowing the engine, the end)."""
+        for future in self._rounds.values():
+            future.exception()
 
     def finished(self) -> list[SampledRound]:
         """Every sampled round not yet taken, once nothing is in flight (for the checkpoint), in round order."""
-        return [self._done[index] for index in sorted(self._done)]
+        return [self._rounds[index].result() for index in sorted(self._rounds)]
 
     def restore(self, rounds: list[SampledRound]) -> None:
-        self._done = {sampled.round_index: sampled for sampled in rounds}
+        self._rounds = {}
+        for sampled in rounds:
+            self._rounds[sampled.round_index] = done = Future()
+            done.set_result(sampled)
 
     @property
     def depth(self) -> int:
         """Sampled (or sampling) rounds waiting to be trained."""
-        return len(self._done)
+        return len(self._rounds)
 
     def close(self) -> None:
-        self._done = {}
-
-
-class BackgroundProducer(InlineProducer):
-    """Runs jobs one at a time, in submission order, on a thread of its own; ``take`` waits for its round."""
-
-    runs_in_background = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gspo-rollout")
-        self._futures: dict[int, Future[SampledRound]] = {}
-
-    def __contains__(self, round_index: int) -> bool:
-        return round_index in self._futures or super().__contains__(round_index)
-
-    def submit(self, round_index: int, version: int, job: Job) -> None:
-        self._futures[round_index] = self._executor.submit(run_job, round_index, version, job)
-
-    def take(self, round_index: int) -> SampledRound:
-        future = self._futures.pop(round_index, None)
-        if future is not None:
-            self._done[round_index] = future.result()  # a job's error is raised here, in the trainer's thread
-        return super().take(round_index)
-
-    def drain(self) -> None:
-        for index in sorted(self._futures):
-            self._done[index] = self._futures.pop(index).result()
-
-    def finished(self) -> list[SampledRound]:
-        self.drain()
-        return super().finished()
-
-    @property
-    def depth(self) -> int:
-        return len(self._futures) + len(self._done)
-
-    def close(self) -> None:
-        for future in self._futures.values():
+        for future in self._rounds.values():
             future.cancel()
-        self._executor.shutdown(wait=True, cancel_futures=True)
-        self._futures = {}
-        super().close()
-
-
-def make_producer(background: bool) -> InlineProducer:
-    return BackgroundProducer() if background else InlineProducer()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        self._rounds = {}

@@ -3,7 +3,7 @@
 At the start of round r (the trainer's weights are version r):
 
 1. submit: the rounds ``schedule.rounds_to_submit(r, lag)`` are sampled with version r's weights: on the spot
-   (``InlineProducer``, an engine sharing the trainer's device) or on a background thread (an engine of its own,
+   (in line: an engine sharing the trainer's device) or on a background thread (an engine of its own,
    which gets a snapshot of version r).
 2. take: round r's samples, made by version r - lag (waiting for them if the engine is still at it).
 3. train: ``rollout/round.py``'s ``train_round`` with the current weights: pi_old is the proximal policy
@@ -22,7 +22,7 @@ import torch
 
 from gspo_lightning.asynchronous.checkpoint import restored_sampled_round, sampled_round_state
 from gspo_lightning.asynchronous.metrics import response_lags, version_lag_stats
-from gspo_lightning.asynchronous.producer import Job, make_producer
+from gspo_lightning.asynchronous.producer import Job, Producer
 from gspo_lightning.asynchronous.schedule import rounds_to_submit
 from gspo_lightning.asynchronous.settings import AsyncRollouts
 from gspo_lightning.asynchronous.streaming import StreamingProducer, StreamPlan, dynamic_sampling_counts, groups_rollout
@@ -44,7 +44,7 @@ class FixedLagRounds:
     def __init__(self, settings: AsyncRollouts, engine: SamplingEngine) -> None:
         self.settings = settings
         self.engine = engine
-        self.producer = make_producer(engine.runs_in_background)
+        self.producer = Producer(engine.runs_in_background)
         self._last_finished: float | None = None
 
     @property
@@ -107,7 +107,7 @@ class FixedLagRounds:
     def close(self) -> None:
         """Stop the producer (a later fit gets a fresh one)."""
         self.producer.close()
-        self.producer = make_producer(self.producer.runs_in_background)
+        self.producer = Producer(self.producer.runs_in_background)
 
 
 def _sampling_job(

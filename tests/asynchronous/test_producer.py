@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from gspo_lightning.asynchronous.producer import BackgroundProducer, InlineProducer
+from gspo_lightning.asynchronous.producer import Producer
 from gspo_lightning.rollout.types import Rollout
 
 
@@ -27,7 +27,7 @@ def _job(value: int, seen: list, delay: float = 0.0):
 
 
 def test_inline_runs_each_job_at_once_in_the_callers_thread():
-    producer, seen = InlineProducer(), []
+    producer, seen = Producer(background=False), []
     producer.submit(0, 0, _job(0, seen))
     assert seen == [(0, threading.current_thread().name)] and 0 in producer and producer.depth == 1
     taken = producer.take(0)
@@ -38,7 +38,7 @@ def test_inline_runs_each_job_at_once_in_the_callers_thread():
 
 
 def test_background_runs_jobs_in_order_on_its_own_thread_while_the_caller_goes_on():
-    producer, seen = BackgroundProducer(), []
+    producer, seen = Producer(background=True), []
     try:
         started = time.perf_counter()
         for index in range(3):
@@ -55,7 +55,7 @@ def test_background_runs_jobs_in_order_on_its_own_thread_while_the_caller_goes_o
 
 
 def test_a_failing_job_raises_in_the_trainers_thread():
-    producer = BackgroundProducer()
+    producer = Producer(background=True)
 
     def broken():
         raise ValueError("reward exploded")
@@ -66,3 +66,15 @@ def test_a_failing_job_raises_in_the_trainers_thread():
             producer.take(0)
     finally:
         producer.close()
+
+
+def test_a_restored_round_is_taken_as_sampled_and_a_closed_producer_holds_nothing():
+    producer, seen = Producer(background=True), []
+    try:
+        producer.submit(0, 0, _job(0, seen))
+        producer.restore(producer.finished())  # what a checkpoint saved, put back
+        assert 0 in producer and producer.take(0).round_index == 0
+        producer.submit(1, 0, _job(1, seen, delay=0.2))
+    finally:
+        producer.close()
+    assert producer.depth == 0
