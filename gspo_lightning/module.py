@@ -318,6 +318,11 @@ class GSPOModule(pl.LightningModule):
         return self.objective.ratio == "sequence"
 
     @property
+    def per_token_advantages(self) -> bool:
+        """Whether the objective takes one advantage per token (per-turn advantages of episodes need it)."""
+        return self.objective.objective.per_token_advantages
+
+    @property
     def needs_engine_logprobs(self) -> bool:
         """Whether the sampler must record the engine's log-probs (a rollout correction is on)."""
         return self.rollout_correction.mode != "off"

@@ -21,21 +21,7 @@ from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.episodes.tools import RunPython, Tool, calculator
 
 __all__ = [
-    "Environment",
-    "EpisodeCodeError",
-    "EpisodeError",
-    "EpisodeSettings",
-    "EpisodeState",
-    "GymnasiumEnvironment",
-    "HermesToolCallParser",
-    "Message",
-    "RunPython",
-    "Step",
-    "Tool",
-    "ToolCall",
-    "ToolCallParser",
-    "ToolEnvironment",
-    "ToolError",
-    "calculator",
-    "environment_reward",
-]
+    "Environment", "EpisodeCodeError", "EpisodeError", "EpisodeSettings", "EpisodeState", "GymnasiumEnvironment",
+    "HermesToolCallParser", "Message", "RunPython", "Step", "Tool", "ToolCall", "ToolCallParser", "ToolEnvironment",
+    "ToolError", "calculator", "environment_reward",
+]  # fmt: skip

@@ -241,19 +241,13 @@ def validate_episodes(episodes: Any, prompt_overflow: str, engine: SamplingEngin
     )
 
 
-def check_turn_advantages(episodes: Any, module: Any) -> None:
-    """Per-turn advantages vary along a response: the objective must take one advantage per token."""
-    if episodes is None or not episodes.turn_advantages:
-        return
-    spec = getattr(module, "objective", None)
-    objective = getattr(spec, "objective", None)
-    if objective is None:  # another module: its loss takes what it takes
-        return
+def check_turn_advantages(episodes: Any, per_token_advantages: bool) -> None:
+    """Per-turn advantages vary along a response: the module's loss must take one advantage per token."""
     require(
-        objective.per_token_advantages,
-        f"sampler.episodes.turn_advantages gives every token its turn's advantage, but objective {spec.name!r} takes "
-        "one advantage per response: use an objective with per-token advantages (e.g. gspo_token, grpo) or set "
-        "turn_advantages: false",
+        episodes is None or not episodes.turn_advantages or per_token_advantages,
+        "sampler.episodes.turn_advantages gives every token its turn's advantage, but the module's objective "
+        "(model.init_args.objective) takes one advantage per response: use an objective with per-token advantages "
+        "(e.g. gspo_token, grpo) or set turn_advantages: false",
     )
 
 

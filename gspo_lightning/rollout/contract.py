@@ -2,7 +2,7 @@
 
 ``GSPOModule`` has all of it; another module reusing the sampler sets what it does not use to the neutral value
 (``reference_policy = None``, ``kl_reward_penalty = None``, ``routing_replay = False``,
-``rollout_correction = RolloutCorrection()``, ``needs_engine_logprobs = False``).
+``rollout_correction = RolloutCorrection()``, ``needs_engine_logprobs = False``, ``policy_loader = None``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ class SamplerModule(Protocol):
         routing_replay: MoE policies: pi_old's experts per token are recorded for replay.
         rollout_correction: the rollout-training mismatch correction (its ``mode`` is ``off`` when unused).
         needs_engine_logprobs: the module's loss uses the engine's log-probs of the sampled tokens.
+        per_token_advantages: the module's loss takes one advantage per token ([n, R]: per-turn advantages of
+            episodes, ``sampler.episodes.turn_advantages``), not only one per response.
+        policy_loader: what built the policy (named in errors about its tokenizer), or None.
         logprob_chunk_size: response tokens per chunk of the LM head (0: unchunked), for pi_old's pass too.
         batch_layout: how pi_old's and the reference's passes lay out a minibatch (packed, by token budget), as
             the module's own pass does (``gspo_lightning.micro_batches.BatchLayout``).
@@ -49,6 +52,8 @@ class SamplerModule(Protocol):
     routing_replay: bool
     rollout_correction: RolloutCorrection
     needs_engine_logprobs: bool
+    per_token_advantages: bool
+    policy_loader: Any
     logprob_chunk_size: int
     batch_layout: BatchLayout
     device: torch.device

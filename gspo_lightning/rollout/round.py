@@ -129,16 +129,10 @@ def train_round(
     seconds = dict(seconds or {})
     started = time.perf_counter()
     passes = policy_passes(
-        rollout,
-        settings.num_minibatches,
-        model.policy,
-        model.temperature,
-        reference=model.reference,
-        chunk_size=model.chunk_size,
-        layout=model.layout,
-        old_from_engine=settings.old_from_engine,
+        rollout, settings.num_minibatches, model.policy, model.temperature, reference=model.reference,
+        chunk_size=model.chunk_size, layout=model.layout, old_from_engine=settings.old_from_engine,
         mask_truncated=settings.mask_truncated,
-    )
+    )  # fmt: skip
     seconds["old_logprob_s"] = time.perf_counter() - started
     rewards = rollout.rewards  # [N]
     if model.kl_reward_penalty is not None:
@@ -182,12 +176,8 @@ def refill_groups(
         informative += int(informative_groups(sampled.rewards, group).sum())
     every = concat_rollouts(parts, pad_token_id)
     flags = informative_groups(every.rewards, group)  # [P_drawn]
-    counts = {
-        "groups_drawn": len(flags),
-        "groups_dropped": int((~flags).sum()),
-        "groups_kept": min(int(flags.sum()), prompts),
-        "extra_draws": extra,
-    }
+    counts = {"groups_drawn": len(flags), "groups_dropped": int((~flags).sum()),
+              "groups_kept": min(int(flags.sum()), prompts), "extra_draws": extra}  # fmt: skip
     return select_groups(every, choose_groups(flags, prompts), group), counts
 
 

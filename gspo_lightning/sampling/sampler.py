@@ -205,19 +205,19 @@ class GroupSampler(Callback):
         module = check_sampler_module(pl_module)
         data = DataSide(trainer.datamodule)
         checks.check_rollout_shape(data, self.group_size, self.num_minibatches)
-        checks.check_chat_template(data, module.tokenizer, getattr(module, "policy_loader", None))
+        checks.check_chat_template(data, module.tokenizer, module.policy_loader)
         checks.check_routing_replay(module.routing_replay, self.old_logprobs)
         checks.check_rollout_correction(module.rollout_correction.mode, self.old_logprobs)
         checks.check_data_columns(data, self.rewards, "train", "sampler.rewards")
         if self.round.dynamic_sampling:
             data.needs("draw_prompts", "sampler.dynamic_sampling (it refills a round with more prompts)")
-        checks.check_turn_advantages(self.round.episodes, pl_module)
+        checks.check_turn_advantages(self.round.episodes, module.per_token_advantages)
         checks.check_asynchronous(data, module.rollout_correction.mode, self.asynchronous)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = check_sampler_module(pl_module)
         check_built(module)
-        loader = getattr(module, "policy_loader", None)
+        loader = module.policy_loader
         data = DataSide(trainer.datamodule)
         checks.check_chat_template(data, module.tokenizer, loader)  # a tokenizer built in configure_model
         context = context_length(module.policy, module.tokenizer)

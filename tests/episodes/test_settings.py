@@ -55,10 +55,10 @@ def test_contradicting_sampler_settings_are_refused():
 
 def test_per_turn_advantages_need_an_objective_with_per_token_advantages():
     episodes = EpisodeSettings(tools=[calculator], turn_advantages=True)
-    with pytest.raises(SettingError, match="objective 'gspo' takes one advantage per response: use an objective "
-                                           "with per-token advantages"):  # fmt: skip
-        checks.check_turn_advantages(episodes, GSPOModule(tool_loader(), objective="gspo"))
-    checks.check_turn_advantages(episodes, GSPOModule(tool_loader(), objective="gspo_token"))
+    with pytest.raises(SettingError, match=r"objective \(model.init_args.objective\) takes one advantage per "
+                                           "response: use an objective with per-token advantages"):  # fmt: skip
+        checks.check_turn_advantages(episodes, GSPOModule(tool_loader(), objective="gspo").per_token_advantages)
+    checks.check_turn_advantages(episodes, GSPOModule(tool_loader(), objective="gspo_token").per_token_advantages)
 
 
 def test_episodes_need_a_chat_template():

@@ -32,6 +32,8 @@ class ReinforceModule(pl.LightningModule):
         self.routing_replay = False
         self.rollout_correction = RolloutCorrection()
         self.needs_engine_logprobs = False
+        self.per_token_advantages = False
+        self.policy_loader = None
         self.logprob_chunk_size = 0
         self.batch_layout = BatchLayout()
         self.seen: list[tuple[int, int, int]] = []
