@@ -234,17 +234,14 @@ class StreamingProducer:
     def _can_work(self) -> bool:
         return bool(self.in_flight) or self._admissible()
 
-    def _next_to_admit(self) -> int:
-        return self._readmit[0]["index"] if self._readmit else self.next_index
-
     def _admissible(self) -> bool:
-        index = self._next_to_admit()
+        index = self._readmit[0]["index"] if self._readmit else self.next_index  # the next group to admit
         return self.loaded_version >= 0 and admissible(index, self.loaded_version, self.plan.prompts_per_round,
                                                        self.plan.max_staleness)  # fmt: skip
 
     def _admit(self) -> None:
         while self._admissible():
-            if self._readmit:
+            if self._readmit:  # a group in flight at the checkpoint: regenerated from its prompt
                 entry = self._readmit[0]
                 group = self._new_group(entry["index"], entry["prompt"], entry["columns"], entry["draws"])
             else:
