@@ -20,10 +20,8 @@ def version_lag_stats(policy_versions: Tensor, trained_version: int, longest: in
         for k = 0 .. ``longest``: the fraction of responses of lag k. Float32 scalars.
     """
     tokens = policy_versions >= 0  # [N, R]
-    lag = (trained_version - policy_versions).clamp(min=0)  # [N, R]
-    token_lags = lag[tokens].float()  # [M]
-    has_tokens = tokens.any(-1)  # [N]
-    sequence_lags = torch.where(tokens, lag, 0).amax(-1)[has_tokens]  # [N']
+    token_lags = (trained_version - policy_versions).clamp(min=0)[tokens].float()  # [M]
+    sequence_lags = response_lags(policy_versions, trained_version)[tokens.any(-1)]  # [N']
     stats = {
         "lag_tokens_mean": _mean(token_lags),
         "lag_tokens_max": token_lags.max() if token_lags.numel() else torch.zeros(()),

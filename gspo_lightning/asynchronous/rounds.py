@@ -1,13 +1,9 @@
-"""A round under ``sampler.asynchronous``: hand the engine the rounds due now, then train on one sampled earlier.
-
-At the start of round r (the trainer's weights are version r):
-
-1. submit: the rounds ``schedule.rounds_to_submit(r, lag)`` are sampled with version r's weights: on the spot
-   (in line: an engine sharing the trainer's device) or on a background thread (an engine of its own,
-   which gets a snapshot of version r).
-2. take: round r's samples, made by version r - lag (waiting for them if the engine is still at it).
-3. train: ``rollout/round.py``'s ``train_round`` with the current weights: pi_old is the proximal policy
-   (version r), the engine's log-probs are the behaviour policy's, and the rollout correction weighs the gap.
+"""The round sources that sample ahead (``rollout/source.py``'s ``RoundSource``). ``FixedLagRounds``: at round r's
+start the rounds ``schedule.rounds_to_submit(r, lag)`` are sampled with version r's weights (in line, or on a
+background thread for an engine of its own, from a snapshot), and round r trains on what version r - lag sampled.
+``StreamingRounds``: version r's weights go to the streaming loop (``streaming.py``) and round r trains on its next
+P groups. Both end in ``rollout/round.py``'s ``train_round`` with the current weights: pi_old is the proximal
+policy, the engine's log-probs the behaviour policy's, and the rollout correction weighs the gap.
 """
 
 from __future__ import annotations

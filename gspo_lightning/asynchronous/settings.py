@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gspo_lightning.validation import SettingError
+from gspo_lightning.validation import SettingError, require_one_of
 
 AsyncMode = Literal["off", "fixed_lag", "streaming"]
 ASYNC_MODES: tuple[str, ...] = ("off", "fixed_lag", "streaming")
@@ -44,8 +44,7 @@ class AsyncRollouts:
     chunk_tokens: int = 32
 
     def __post_init__(self) -> None:
-        if self.mode not in ASYNC_MODES:
-            raise SettingError(f"sampler.asynchronous.mode must be one of {list(ASYNC_MODES)}, got {self.mode!r}")
+        require_one_of("sampler.asynchronous.mode", self.mode, ASYNC_MODES)
         if isinstance(self.lag, bool) or not isinstance(self.lag, int) or not 1 <= self.lag <= MAX_LAG:
             raise SettingError(
                 f"sampler.asynchronous.lag must be an integer in [1, {MAX_LAG}] (rounds between the weights that "

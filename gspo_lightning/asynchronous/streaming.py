@@ -283,9 +283,9 @@ class StreamingProducer:
 
     def _scored(self, group: Group) -> Group:
         columns = {name: [value] for name, value in group.columns.items()}
-        group.rewards, group.components = score_episodes(
-            group.trajectories, [group.prompt], columns, self.plan.group_size, self.plan.settings.scoring, self.plan.single
-        )  # [G]
+        plan = self.plan
+        group.rewards, group.components = score_episodes(group.trajectories, [group.prompt], columns, plan.group_size,
+                                                         plan.settings.scoring, plan.single)  # [G]  # fmt: skip
         return group
 
     def _replaces(self, group: Group) -> bool:

@@ -7,12 +7,9 @@ from gspo_lightning.rollout.types import Minibatch, PromptBatch, Rollout
 
 __all__ = ["Minibatch", "PromptBatch", "Rollout"]
 
-_MOVED = {"GroupSampler", "HeldOutEvaluation"}
-
-
 def __getattr__(name: str) -> Any:
     """The callbacks' old import path (``gspo_lightning.rollout.GroupSampler``), resolved on first use."""
-    if name in _MOVED:
+    if name in ("GroupSampler", "HeldOutEvaluation"):
         import gspo_lightning.sampling as sampling
 
         return getattr(sampling, name)

@@ -85,15 +85,8 @@ def round_model(module: SamplerModule, engine_logprobs: bool, synced_gpus: bool)
     """The parts of the module a round uses, once the policy is built."""
     check_built(module)
     return RoundModel(
-        policy=module.policy,
-        tokenizer=module.tokenizer,
-        temperature=module.temperature,
-        max_new_tokens=module.max_new_tokens,
-        device=module.device,
-        reference=module.reference_policy,
-        kl_reward_penalty=module.kl_reward_penalty,
-        chunk_size=module.logprob_chunk_size,
-        layout=module.batch_layout,
-        engine_logprobs=engine_logprobs or module.needs_engine_logprobs,
-        synced_gpus=synced_gpus,
-    )
+        module.policy, module.tokenizer, module.temperature, module.max_new_tokens, module.device,
+        reference=module.reference_policy, kl_reward_penalty=module.kl_reward_penalty,
+        chunk_size=module.logprob_chunk_size, layout=module.batch_layout,
+        engine_logprobs=engine_logprobs or module.needs_engine_logprobs, synced_gpus=synced_gpus,
+    )  # fmt: skip

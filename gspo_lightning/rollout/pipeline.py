@@ -83,12 +83,9 @@ def fit_prompts_to_context(
         return prompt_ids, prompt_mask, overflowed
     first = int(overflowed.nonzero()[0, 0])
     if overflow == "error" or budget < 1:
-        reason = (
+        reason = "lower max_new_tokens: no prompt token would fit" if budget < 1 else (
             f"set {setting} to 'truncate' or 'skip' (allowed: {list(PROMPT_OVERFLOWS)}), shorten the prompt or "
-            "lower max_new_tokens"
-            if budget >= 1
-            else "lower max_new_tokens: no prompt token would fit"
-        )
+            "lower max_new_tokens")  # fmt: skip
         raise SettingError(
             f"prompt {first} of the batch has {int(lengths[first])} tokens; with max_new_tokens={max_new_tokens} "
             f"it needs {int(lengths[first]) + max_new_tokens} > the policy's context length {context} "

@@ -4,7 +4,7 @@
     -> reward shaping (KL in the reward) -> advantages (Eq. 6), once -> K minibatches
 
 No Lightning here: the engine, the model's parts (``RoundModel``), the settings, the seed and the means to draw
-more prompts are handed in. ``GroupSampler`` (``rollout/sampler.py``) is the Lightning plumbing around it: when a
+more prompts are handed in. ``GroupSampler`` (``sampling/sampler.py``) is the Lightning plumbing around it: when a
 round starts, the weight sync and the inference context, state for resume, logging.
 """
 

@@ -23,11 +23,7 @@ from gspo_lightning.validation import SettingError
 
 def rng_states() -> dict[str, Any]:
     """The global Python, NumPy, torch CPU and (when present) CUDA generator states."""
-    states: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": _numpy_state(),
-        "torch": torch.get_rng_state(),
-    }
+    states: dict[str, Any] = {"python": random.getstate(), "numpy": _numpy_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states

@@ -10,10 +10,8 @@ from gspo_lightning.rollout.types import EpisodeCounts, Rollout
 
 
 def zero_variance_fraction(rewards: Tensor, group_size: int) -> Tensor:
-    """Fraction of groups whose G rewards are all equal: they carry no learning signal (Eq. 6).
-
-    A group with a NaN reward (a failed reward function) does not count: it is counted as skipped instead.
-    """
+    """Fraction of groups whose G rewards are all equal: they carry no learning signal (Eq. 6). A group with a NaN
+    reward (a failed reward function) does not count: it is counted as skipped instead."""
     grouped = rewards.view(-1, group_size)  # [P, G]
     return (grouped.max(-1).values == grouped.min(-1).values).float().mean()
 

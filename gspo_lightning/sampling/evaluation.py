@@ -120,7 +120,8 @@ class HeldOutEvaluation(Callback):
         """Greedy (``samples_per_prompt`` 1) or sampled, up to ``max_new_tokens`` (else the module's)."""
         budget = self.max_new_tokens if self.max_new_tokens is not None else getattr(pl_module, "max_new_tokens", None)
         if budget is None:
-            raise SettingError("evaluation.max_new_tokens is null and the LightningModule has no max_new_tokens: set one")
+            raise SettingError("evaluation.max_new_tokens is null and the LightningModule has no max_new_tokens: "
+                               "set one")  # fmt: skip
         if self.samples_per_prompt == 1:
             return SamplingSettings(max_new_tokens=budget, temperature=0.0)
         return SamplingSettings(budget, *self.sampling)
@@ -130,7 +131,7 @@ class HeldOutEvaluation(Callback):
             check_data_columns(DataSide(trainer.datamodule), [self.correct_for(trainer)], "eval", "evaluation.correct")
 
     def correct_for(self, trainer: pl.Trainer) -> Callable[..., list[float]]:
-        """``correct``; unset, what scores the training sampler's episodes' environment (see :func:`default_correct`)."""
+        """``correct``; unset, what scores the sampler's episodes' environment (see :func:`default_correct`)."""
         if self.correct is not None:
             return self.correct
         sampler = _training_sampler(trainer)

@@ -154,19 +154,11 @@ class GroupSampler(Callback):
         self.old_logprobs = old_logprobs
         weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.rewards)
         self.round = RoundSettings(
-            group_size=group_size,
-            num_minibatches=num_minibatches,
-            top_p=top_p,
-            top_k=top_k,
-            scoring=Scoring(self.rewards, weights, self.reward_runner, reward_errors),
-            advantage_scale=advantage_scale,
-            old_from_engine=old_logprobs == "engine",
-            prompt_overflow=prompt_overflow,
-            dynamic_sampling=dynamic_sampling,
-            max_extra_draws=max_extra_draws,
-            mask_truncated=mask_truncated,
+            group_size, num_minibatches, Scoring(self.rewards, weights, self.reward_runner, reward_errors), top_p,
+            top_k, advantage_scale, old_from_engine=old_logprobs == "engine", prompt_overflow=prompt_overflow,
+            dynamic_sampling=dynamic_sampling, max_extra_draws=max_extra_draws, mask_truncated=mask_truncated,
             episodes=episodes,
-        )
+        )  # fmt: skip
         checks.validate_episodes(episodes, prompt_overflow, self.engine)
         self.last_rollout: Rollout | None = None
         """This rank's latest round as trained on (texts, rewards, final advantages), e.g. for ``LogCompletions``;
@@ -292,16 +284,11 @@ class GroupSampler(Callback):
         engine_logprobs = self._wants_engine_logprobs()
         data = trainer.datamodule
         return RoundRequest(
-            trainer=trainer,
-            index=batch.rollout_index,
-            batch=batch,
-            model=lambda: round_model(pl_module, engine_logprobs, sharded),
-            settings=self.round,
+            trainer, batch.rollout_index, batch, lambda: round_model(pl_module, engine_logprobs, sharded), self.round,
             prompts_of=lambda index: data.rollout_batch(index),  # sources that sample ahead (checked at setup)
-            seed_of=self.round_seed,
-            draw_prompts=data.draw_prompts if self.round.dynamic_sampling else None,
+            seed_of=self.round_seed, draw_prompts=data.draw_prompts if self.round.dynamic_sampling else None,
             any_rank=lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False),
-        )
+        )  # fmt: skip
 
     @contextmanager
     def engine_lent(self) -> Iterator[None]:
