@@ -3,14 +3,13 @@ episodes (a SIGKILL mid-round loses no prompt and trains none twice), dynamic sa
 
 from __future__ import annotations
 
-import csv
-import json
 import signal
 
 import pytest
 import yaml
 
 from tests.asynchronous.test_cli_fixed_lag import K, _run
+from tests.asynchronous.test_cli_streaming import _rows, _trained
 from tests.episodes.test_cli_episodes import episode_config
 from tests.test_cli import tiny_run_config
 
@@ -28,15 +27,6 @@ def _episodes(directory, fault=None):
     config["trainer"]["callbacks"] += [RECORD] + ([fault] if fault else [])
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def _rows(run_dir) -> dict[int, dict[str, str]]:
-    return {int(r["step"]): r for r in csv.DictReader((run_dir / "metrics.csv").open()) if r.get("train/loss")}
-
-
-def _trained(directory) -> dict[int, list]:
-    records = [json.loads(line) for line in (directory / "trained.jsonl").read_text().splitlines()]
-    return {record["round"]: record["prompts"] for record in records}
 
 
 @pytest.fixture(scope="module")
