@@ -1,5 +1,6 @@
 """Sampling engines behind one seam: Hugging Face ``generate`` (``hf``, the default), vLLM colocated with the
-trainer (``vllm``), or vLLM in a process (and on devices) of its own (``vllm_process``)."""
+trainer (``vllm``), vLLM in a process (and on devices) of its own (``vllm_process``), or vLLM servers on cores, GPUs
+or machines of their own (``vllm_server``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from gspo_lightning.engines.base import EngineSamples, SamplingEngine
 from gspo_lightning.engines.hf import HFEngine
 from gspo_lightning.engines.vllm_engine import VLLMEngine
 from gspo_lightning.engines.vllm_process import VLLMProcessEngine
+from gspo_lightning.engines.vllm_server import VLLMServerEngine
 
-EngineName = Literal["hf", "vllm", "vllm_process"]
-ENGINES = {"hf": HFEngine, "vllm": VLLMEngine, "vllm_process": VLLMProcessEngine}
+EngineName = Literal["hf", "vllm", "vllm_process", "vllm_server"]
+ENGINES = {"hf": HFEngine, "vllm": VLLMEngine, "vllm_process": VLLMProcessEngine,
+           "vllm_server": VLLMServerEngine}
 
 
 def resolve_engine(engine: SamplingEngine | str, setting: str = "sampler.engine") -> SamplingEngine:
@@ -27,5 +30,6 @@ def resolve_engine(engine: SamplingEngine | str, setting: str = "sampler.engine"
 
 __all__ = [
     "ENGINES", "EngineName", "EngineSamples", "HFEngine", "SamplingEngine", "VLLMEngine", "VLLMProcessEngine",
+    "VLLMServerEngine",
     "resolve_engine",
 ]

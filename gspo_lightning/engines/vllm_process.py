@@ -1,16 +1,9 @@
 """vLLM on its own process (and, on GPUs, its own devices): the engine computes while the trainer trains.
 
 The engine core runs in a process vLLM starts (``vllm.LLM`` with its multiprocessing on); this process keeps vLLM's
-client. Weights reach the engine as a checkpoint the engine reloads in place, through vLLM's own
-``collective_rpc("reload_weights", weights_path=...)``: the trainer writes each version once, as safetensors, to
-shared memory (``/dev/shm`` where there is one), and the engine's loader reads it. This is the path that works on
-every backend, CPUs included (vLLM's NCCL and CUDA-IPC weight-transfer engines need GPUs). It costs a write and a
-read of the weights per version: negligible for small models, and on GPUs a full copy through host memory.
-
-After every load a probe checks that the engine holds the trainer's weights: the log-probs of a fixed token
-sequence (``PROBE_LENGTH`` tokens) under the engine's weights (its prompt log-probs) against the trainer's,
-computed when the weights were written. A difference over ``sync_check_tolerance`` stops the run naming both
-figures: a stale, partial or corrupted sync never samples a round.
+client. Weights reach the engine as checkpoint files it reloads in place through vLLM's own
+``collective_rpc("reload_weights", weights_path=...)``, checked by a probe after every load
+(:mod:`gspo_lightning.engines.weight_snapshots`): the path that works on every backend, CPUs included.
 
 Weight snapshots let asynchronous rollouts sample with older weights than the trainer's (``sampler.asynchronous``):
 ``snapshot_weights`` writes the current version, ``load_snapshot`` puts one into the engine. A snapshot's files go
@@ -24,11 +17,8 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
@@ -37,37 +27,11 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings
-from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions, architecture, base_model
+from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions
 from gspo_lightning.engines.vllm_options import check_cpu_head_size, engine_variables, import_vllm, sample_round
 from gspo_lightning.engines.vllm_options import shut_down, vllm_environment
-from gspo_lightning.engines.weight_sync import policy_weight_groups
-from gspo_lightning.logprobs import response_logprobs
-from gspo_lightning.strategies import fsdp1_root, inference_context
+from gspo_lightning.engines.weight_snapshots import WeightSnapshot, WeightSnapshots, model_directory
 from gspo_lightning.validation import require
-
-PROBE_LENGTH = 32
-"""Tokens of the sequence whose log-probs check each sync."""
-
-DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.1}
-"""Largest |log-prob difference| per probe token accepted between engine and trainer, by the engine's dtype: the
-kernels' own disagreement is ~1e-5 in float32 on CPU; a sync that went wrong moves log-probs by far more."""
-
-
-@dataclass
-class WeightSnapshot:
-    """One version of the trainer's weights, written for the engine.
-
-    Attributes:
-        step: the trainer's global step when it was taken.
-        path: the directory holding ``config.json`` and ``model.safetensors``.
-        probe_logprobs: [PROBE_LENGTH - 1] float32, the trainer's log-probs of the probe's tokens.
-    """
-
-    step: int
-    path: str
-    probe_logprobs: Tensor
-    _finalizer: Any = field(default=None, repr=False)
-
 
 class VLLMProcessEngine(SamplingEngine):
     """vLLM in a process of its own, fed by asynchronous rollouts (see the module docstring).
@@ -101,43 +65,25 @@ class VLLMProcessEngine(SamplingEngine):
         snapshot_dir: str | None = None,
     ) -> None:
         self.options = VLLMOptions(dtype, enforce_eager, kv_cache_gib, max_model_len, seed, gpu_memory_utilization)
-        require(
-            sync_check_tolerance is None or sync_check_tolerance > 0,
-            f"sampler.engine.sync_check_tolerance must be > 0 or null, got {sync_check_tolerance!r}",
-        )
-        require(
-            snapshot_dir is None or os.path.isdir(snapshot_dir),
-            f"sampler.engine.snapshot_dir must be an existing directory or null, got {snapshot_dir!r}",
-        )
+        self.snapshots = WeightSnapshots(snapshot_dir, sync_check_tolerance)
         self.seed = seed
         self.cpu_cores = cpu_cores
         self.devices = devices
-        self.sync_check_tolerance = sync_check_tolerance
-        self.snapshot_dir = snapshot_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
         self.llm: Any = None
         self.loaded: WeightSnapshot | None = None
         self.synced_step: int | None = None
         self._directory: str | None = None
-        self._probe: Tensor | None = None
-        self._engine_dtype = "float32"
-        self._fsdp1: nn.Module | None = None
-        self._snapshot_paths: list[str] = []  # every one written, removed at teardown at the latest
         self._watchdog: tuple[subprocess.Popen, int] | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.llm is not None:
             return
-        self._fsdp1 = fsdp1_root(trainer)
         policy = pl_module.policy
         if pl_module.device.type == "cpu":
             check_cpu_head_size(policy)
-        self._engine_dtype = self.options.resolved_dtype(policy, str(trainer.precision))
-        self._probe = probe_tokens(base_model(policy).config.vocab_size, len(pl_module.tokenizer))
+        self.snapshots.setup(trainer, pl_module, self.options.resolved_dtype(policy, str(trainer.precision)))
         first = self.snapshot_weights(trainer, pl_module)
-        # The tokenizer lives apart from the snapshots, which come and go with the versions
-        self._directory = tempfile.mkdtemp(prefix="gspo_lightning_vllm_")
-        pl_module.tokenizer.save_pretrained(self._directory)
-        shutil.copy(os.path.join(first.path, "config.json"), self._directory)  # vLLM reads a tokenizer's model config
+        self._directory = model_directory(first, pl_module.tokenizer)
         self.llm = self._build_process(first.path, pl_module.device, trainer.local_rank)
         self.loaded = None
         self.load_snapshot(first)  # the probe checks the loaded weights too
@@ -159,36 +105,16 @@ class VLLMProcessEngine(SamplingEngine):
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
         self.loaded = None
-        for path in self._snapshot_paths:
-            shutil.rmtree(path, ignore_errors=True)
-        self._snapshot_paths = []
+        self.snapshots.close()
         if self._watchdog is not None:  # closing our end makes it kill whatever of the engine is left, and exit
             watchdog, pipe = self._watchdog
             self._watchdog = None
             os.close(pipe)
             watchdog.wait(timeout=30)
 
-    @torch.no_grad()
     def snapshot_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> WeightSnapshot:
-        """The trainer's current weights, written for the engine, with the trainer's probe log-probs. Every
-        training rank calls this at the same point (a sharded policy is gathered one layer at a time)."""
-        path = tempfile.mkdtemp(prefix="gspo_lightning_weights_", dir=self.snapshot_dir)
-        self._snapshot_paths = [p for p in self._snapshot_paths if os.path.exists(p)] + [path]
-        try:
-            tensors: dict[str, Tensor] = {}
-            for group in policy_weight_groups(pl_module.policy, self._fsdp1):
-                for name, tensor in group:  # copied: a group's tensors may be live parameters or freed shards
-                    tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
-            write_checkpoint(path, base_model(pl_module.policy), tensors)
-            del tensors
-            with inference_context(trainer):
-                expected = probe_logprobs(pl_module.policy, self._probe_ids(), pl_module.device)  # [PROBE_LENGTH - 1]
-        except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        snapshot = WeightSnapshot(trainer.global_step, path, expected)
-        snapshot._finalizer = weakref.finalize(snapshot, shutil.rmtree, path, True)
-        return snapshot
+        """The trainer's current weights, written for the engine (see ``WeightSnapshots.take``)."""
+        return self.snapshots.take(trainer, pl_module)
 
     def load_snapshot(self, snapshot: WeightSnapshot) -> None:
         """Put ``snapshot`` into the engine (unless it holds it already), then check it with the probe."""
@@ -203,29 +129,16 @@ class VLLMProcessEngine(SamplingEngine):
 
     def check_sync(self, snapshot: WeightSnapshot) -> None:
         """Raise unless the engine's probe log-probs are the trainer's, within the tolerance."""
-        engine = self.engine_probe_logprobs()  # [PROBE_LENGTH - 1]
-        difference = float((engine - snapshot.probe_logprobs).abs().max())
-        tolerance = self.sync_check_tolerance or DEFAULT_TOLERANCE.get(self._engine_dtype, 0.25)
-        if not difference <= tolerance:  # NaN fails too
-            raise RuntimeError(
-                f"weight sync check failed at step {snapshot.step}: the engine's log-probs of the probe sequence "
-                f"differ from the trainer's by up to {difference:.3g} (sampler.engine.sync_check_tolerance: "
-                f"{tolerance:g}); the engine does not hold the trainer's weights, so no round is sampled with them"
-            )
+        self.snapshots.check(snapshot, self.engine_probe_logprobs())
 
     def engine_probe_logprobs(self) -> Tensor:
         """[PROBE_LENGTH - 1] float32: the engine's log-probs of the probe's tokens 1.. given those before."""
         vllm = import_vllm()
         params = vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False, seed=0)
-        ids = self._probe_ids().tolist()
+        ids = self.snapshots.probe_ids().tolist()
         output = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
         entries = output.prompt_logprobs[1:]  # the first token has no log-prob
         return torch.tensor([entry[token].logprob for token, entry in zip(ids[1:], entries)], dtype=torch.float32)
-
-    def _probe_ids(self) -> Tensor:
-        if self._probe is None:
-            raise RuntimeError("VLLMProcessEngine.setup must run before its weights are synced")
-        return self._probe
 
     def sample(
         self,
@@ -247,7 +160,7 @@ class VLLMProcessEngine(SamplingEngine):
     def _build_process(self, path: str, device: torch.device, local_rank: int) -> Any:
         with open(os.path.join(path, "config.json")) as handle:
             context = json.load(handle).get("max_position_embeddings", 0)
-        arguments = self.options.llm_arguments(path, self._engine_dtype, device, context)
+        arguments = self.options.llm_arguments(path, self.snapshots.engine_dtype, device, context)
         arguments.update(tokenizer=self._directory, load_format="safetensors")
         variables = engine_variables(False, device, self.options.kv_cache_gib)
         cores = None
@@ -337,27 +250,3 @@ def _affinity(cores: set[int] | None) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
-
-
-def write_checkpoint(path: str, model: nn.Module, tensors: dict[str, Tensor]) -> None:
-    """A Hugging Face checkpoint directory of ``tensors`` (config.json naming the architecture, one safetensors)."""
-    from safetensors.torch import save_file
-
-    config = model.config.to_dict()
-    config["architectures"] = [architecture(model)]
-    with open(os.path.join(path, "config.json"), "w") as handle:
-        json.dump(config, handle)
-    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-
-
-def probe_tokens(vocab_size: int, tokenizer_size: int) -> Tensor:
-    """[PROBE_LENGTH] int64: a fixed sequence of token ids both vocabularies have (a seeded draw)."""
-    generator = torch.Generator().manual_seed(0)
-    return torch.randint(0, min(vocab_size, tokenizer_size), (PROBE_LENGTH,), generator=generator)
-
-
-def probe_logprobs(policy: nn.Module, probe: Tensor, device: torch.device) -> Tensor:
-    """[PROBE_LENGTH - 1] float32 on the CPU: the policy's log-probs (temperature 1) of the probe's tokens 1..."""
-    ids = probe[None].to(device)  # [1, T]
-    return response_logprobs(policy, ids, torch.ones_like(ids), ids.shape[1] - 1, 1.0)[0].float().cpu()
-

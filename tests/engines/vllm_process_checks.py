@@ -53,7 +53,7 @@ def main() -> None:
         results.update(_sampling(engine, policy, tokenizer))
         results["corrupted"] = _corrupted_sync_error(engine, trainer, module)
     finally:
-        paths = list(engine._snapshot_paths)
+        paths = list(engine.snapshots._paths)
         engine.teardown()
     results["all_removed_at_teardown"] = len(paths) > 0 and not any(os.path.exists(path) for path in paths)
     with open(out, "w") as handle:

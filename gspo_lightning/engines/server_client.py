@@ -1,0 +1,178 @@
+"""Requests to vLLM's OpenAI-compatible servers (``vllm serve``) and their RL endpoints, with bounded retries.
+
+Token ids in and out: a request's prompt is its token ids, the response carries the sampled ids
+(``return_token_ids``) and their log-probs, so nothing is re-tokenized. A round's requests are spread over the
+servers group by group (a prompt's G requests on one server share its prefill through the prefix cache) and its
+results are put back by row, so the order never depends on the servers' timing.
+
+A request that fails (no answer, a dropped connection, an HTTP error) is sent again, to the next server, until
+``retry_seconds`` have passed; then the run stops with one line naming the server and what it said.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from gspo_lightning.engines.base import SamplingSettings
+
+
+class ServerError(RuntimeError):
+    """A vLLM server did not answer, or answered with an error, for longer than the retry budget."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled response: its token ids, whether it ended with EOS, the log-prob of each token (or None)."""
+
+    token_ids: list[int]
+    ended: bool
+    logprobs: list[float] | None
+
+
+def post(url: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+    """POST ``body`` (JSON) to ``url + path``; the decoded JSON answer (None for an empty one)."""
+    data = json.dumps(body or {}).encode()
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the user's own servers
+        text = response.read()
+    return json.loads(text) if text else None
+
+
+def get(url: str, path: str, timeout: float) -> Any:
+    with urllib.request.urlopen(url + path, timeout=timeout) as response:  # noqa: S310 - the user's own servers
+        text = response.read()
+    return json.loads(text) if text else None
+
+
+def describe(error: BaseException) -> str:
+    """What a server said, in one line: its HTTP status and message, or why nothing came back."""
+    if isinstance(error, urllib.error.HTTPError):
+        body = error.read().decode(errors="replace").strip().replace("\n", " ")
+        return f"HTTP {error.code}: {body[:300]}"
+    if isinstance(error, urllib.error.URLError):
+        return f"no answer ({error.reason})"
+    return f"{type(error).__name__}: {error}"
+
+
+class Servers:
+    """The vLLM servers a run samples from (their base URLs, e.g. ``http://10.0.0.5:8000``).
+
+    Args:
+        urls: the servers' base URLs.
+        request_timeout: seconds one request may take before it counts as failed.
+        retry_seconds: how long a failing request keeps being retried (on the other servers too) before the run
+            stops.
+        model: the served model's name (``--served-model-name``).
+    """
+
+    def __init__(self, urls: Sequence[str], request_timeout: float, retry_seconds: float, model: str) -> None:
+        self.urls = [url.rstrip("/") for url in urls]
+        self.request_timeout = request_timeout
+        self.retry_seconds = retry_seconds
+        self.model = model
+
+    def call(self, index: int, path: str, body: dict[str, Any] | None = None, failover: bool = False) -> Any:
+        """POST to server ``index`` (with ``failover``: to the next servers in turn while it fails), retried until
+        ``retry_seconds`` have passed; then a ``ServerError`` naming the last server tried and what it said."""
+        deadline = time.monotonic() + self.retry_seconds
+        attempt = 0
+        while True:
+            url = self.urls[(index + attempt) % len(self.urls)] if failover else self.urls[index]
+            try:
+                return post(url, path, body, self.request_timeout)
+            except (OSError, ValueError) as error:  # URLError and HTTPError are OSErrors; bad JSON a ValueError
+                said = describe(error)
+                if time.monotonic() >= deadline:
+                    raise ServerError(
+                        f"vLLM server {url} failed on {path}: {said} (retried for {self.retry_seconds:g} s: "
+                        "sampler.engine.retry_seconds)"
+                    ) from None
+            attempt += 1
+            time.sleep(min(2.0, 0.1 * 2**attempt))
+
+    def complete(self, prompts: list[list[int]], settings: SamplingSettings, group_size: int, with_logprobs: bool,
+                 seed: int) -> list[Completion]:  # fmt: skip
+        """``group_size`` responses per prompt, prompt-major (row i * G + g), each request seeded ``seed + row``."""
+        rows = [(prompt_index, prompt) for prompt_index, prompt in enumerate(prompts) for _ in range(group_size)]
+
+        def one(row: int) -> Completion:
+            prompt_index, prompt = rows[row]
+            body = completion_request(self.model, prompt, settings, with_logprobs, seed + row)
+            answer = self.call(prompt_index % len(self.urls), "/v1/completions", body, failover=True)
+            return parse_completion(answer, with_logprobs)
+
+        workers = max(1, min(len(rows), 64))
+        with ThreadPoolExecutor(workers, thread_name_prefix="vllm-server-request") as pool:
+            return list(pool.map(one, range(len(rows))))  # map keeps the rows' order
+
+    def prompt_logprobs(self, index: int, ids: list[int]) -> list[float]:
+        """The log-probs (temperature 1) server ``index`` gives tokens 1.. of ``ids``, each given those before."""
+        body = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0,
+                "seed": 0, "return_token_ids": True}  # fmt: skip
+        entries = self.call(index, "/v1/completions", body)["choices"][0]["prompt_logprobs"][1:]
+        return [float(entry[str(token)]["logprob"]) for token, entry in zip(ids[1:], entries)]
+
+    def reload(self, index: int, weights_path: str) -> None:
+        """Server ``index`` loads the checkpoint at ``weights_path`` in place: generation paused (requests in flight
+        finish first), the weights reloaded, the prefix cache reset (blocks of the old weights must not serve the
+        new ones), generation resumed."""
+        self.call(index, "/pause?mode=wait")
+        try:
+            kwargs = {"weights_path": weights_path, "is_checkpoint_format": True}
+            self.call(index, "/collective_rpc", {"method": "reload_weights", "kwargs": kwargs})
+            if not (self.call(index, "/reset_prefix_cache") or {}).get("success", False):
+                raise ServerError(f"vLLM server {self.urls[index]} could not reset its prefix cache after a sync")
+        finally:
+            self.call(index, "/resume")
+
+    def describe_model(self, index: int) -> dict[str, Any]:
+        """What ``/v1/models`` says of the served model (its ``id`` and ``max_model_len``)."""
+        try:
+            models = get(self.urls[index], "/v1/models", self.request_timeout)["data"]
+        except (OSError, ValueError, KeyError) as error:
+            raise ServerError(f"vLLM server {self.urls[index]} failed on /v1/models: {describe(error)}") from None
+        return models[0]
+
+
+def completion_request(model: str, prompt: list[int], settings: SamplingSettings, with_logprobs: bool,
+                       seed: int) -> dict[str, Any]:  # fmt: skip
+    """One ``/v1/completions`` body: exactly ``settings``' distribution, token ids in and out."""
+    greedy = settings.temperature == 0
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt,
+        "n": 1,
+        "max_tokens": settings.max_new_tokens,
+        "temperature": 0.0 if greedy else settings.temperature,
+        "top_p": 1.0 if greedy else settings.top_p,
+        "top_k": 0 if greedy or settings.top_k == 0 else settings.top_k,
+        "seed": seed,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+    }
+    if with_logprobs:
+        body["logprobs"] = 0
+        body["return_tokens_as_token_ids"] = True
+    return body
+
+
+def parse_completion(answer: dict[str, Any], with_logprobs: bool) -> Completion:
+    """A ``/v1/completions`` answer as a ``Completion`` (a malformed one is an error naming what is missing)."""
+    try:
+        choice = answer["choices"][0]
+        token_ids = [int(token) for token in choice["token_ids"]]
+        logprobs = None
+        if with_logprobs:
+            logprobs = [float(value) for value in choice["logprobs"]["token_logprobs"]]
+            if len(logprobs) != len(token_ids):
+                raise ValueError(f"{len(logprobs)} log-probs for {len(token_ids)} tokens")
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        raise ServerError(f"a vLLM server's completion lacks what the engine needs ({error!r})") from None
+    return Completion(token_ids, choice.get("finish_reason") == "stop", logprobs)

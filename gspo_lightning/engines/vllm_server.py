@@ -1,0 +1,321 @@
+"""vLLM as servers (``vllm serve``): inference on cores, GPUs or machines of its own.
+
+The engine samples from one or more vLLM OpenAI-compatible servers, token ids in and out
+(:mod:`gspo_lightning.engines.server_client`). Either their URLs are given (servers the user started, on other
+machines for instance), or the engine starts ``servers`` of them on this machine, each on the cores or GPUs it is
+given, and stops them with the run (a single-node user needs no second command).
+
+Weights reach every server as checkpoint files it reloads in place, through the server's RL endpoints: pause
+(requests in flight finish), ``collective_rpc("reload_weights")``, reset the prefix cache, resume; then the probe
+check of :mod:`gspo_lightning.engines.weight_snapshots` on each server, which stops the run on a mismatch. This
+path runs everywhere vLLM runs, CPUs included; the files must be readable by the servers (``snapshot_dir`` on a
+shared file system for servers on other machines). vLLM's NCCL weight-transfer engines (GPUs) are not wired in
+yet.
+
+Servers started by the engine run with ``VLLM_SERVER_DEV_MODE=1`` (which mounts ``/collective_rpc`` and
+``/reset_prefix_cache``); servers the user starts need it too.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded
+from gspo_lightning.engines.server_client import Servers, ServerError, get
+from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions, base_model, check_cpu_head_size
+from gspo_lightning.engines.vllm_options import engine_variables
+from gspo_lightning.engines.vllm_process import core_set, stop_with_this_process
+from gspo_lightning.engines.weight_snapshots import WeightSnapshot, WeightSnapshots, model_directory
+from gspo_lightning.validation import require
+
+SERVED_NAME = "policy"
+"""The served model's name on servers the engine starts (``--served-model-name``)."""
+
+
+class VLLMServerEngine(SamplingEngine):
+    """Samples from vLLM servers (see the module docstring).
+
+    Args:
+        urls: base URLs of running servers (e.g. ``["http://node7:8000"]``), started with
+            ``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode processed_logprobs --generation-config vllm``; null:
+            the engine starts ``servers`` on this machine.
+        servers: how many servers the engine starts when ``urls`` is null (>= 1).
+        cpu_cores: CPUs, servers the engine starts: the cores of each server (e.g. ``["1"]`` or ``["2", "3"]``),
+            one entry per server; null: vLLM's default.
+        devices: GPUs, servers the engine starts: ``CUDA_VISIBLE_DEVICES`` of each server (e.g. ``["1", "2"]``).
+        port: the first port of the servers the engine starts (server i listens on ``port + i``, on 127.0.0.1).
+        model: the served model's name on servers given by ``urls`` (null: the first ``/v1/models`` lists).
+        request_timeout: seconds one request may take before it counts as failed.
+        retry_seconds: how long a failing request is retried (on the other servers too) before the run stops.
+        startup_timeout: seconds a server the engine starts may take to answer ``/health``.
+        dtype, enforce_eager, kv_cache_gib, max_model_len, seed, gpu_memory_utilization: as ``VLLMEngine``'s (for
+            the servers the engine starts; ``seed`` seeds every request either way).
+        sync_check_tolerance, snapshot_dir: as ``VLLMProcessEngine``'s.
+    """
+
+    name = "vllm_server"
+    runs_in_background = True
+    reports_logprobs_cheaply = True
+
+    def __init__(
+        self,
+        urls: list[str] | None = None,
+        servers: int = 1,
+        cpu_cores: list[str] | None = None,
+        devices: list[str] | None = None,
+        port: int = 8100,
+        model: str | None = None,
+        request_timeout: float = 600.0,
+        retry_seconds: float = 60.0,
+        startup_timeout: float = 600.0,
+        dtype: VLLMDtype = "auto",
+        enforce_eager: bool | None = None,
+        kv_cache_gib: int = 1,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.9,
+        sync_check_tolerance: float | None = None,
+        snapshot_dir: str | None = None,
+    ) -> None:
+        require(urls is None or (len(urls) > 0 and all(u.startswith(("http://", "https://")) for u in urls)),
+                f"sampler.engine.urls must be a non-empty list of http(s):// URLs or null, got {urls!r}")  # fmt: skip
+        require(isinstance(servers, int) and servers >= 1, f"sampler.engine.servers must be >= 1, got {servers!r}")
+        for setting, entries in (("cpu_cores", cpu_cores), ("devices", devices)):
+            require(entries is None or len(entries) == servers,
+                    f"sampler.engine.{setting} needs one entry per server ({servers}), got {entries!r}")  # fmt: skip
+        for setting, value in (("request_timeout", request_timeout), ("retry_seconds", retry_seconds),
+                               ("startup_timeout", startup_timeout)):  # fmt: skip
+            require(value > 0, f"sampler.engine.{setting} must be > 0 seconds, got {value!r}")
+        require(1 <= port <= 65535 - servers, f"sampler.engine.port must be a free port number, got {port!r}")
+        if cpu_cores is not None:
+            for cores in cpu_cores:
+                core_set(cores)  # names the setting when a core does not exist
+        self.urls = urls
+        self.servers = servers
+        self.cpu_cores = cpu_cores
+        self.devices = devices
+        self.port = port
+        self.model = model
+        self.timeouts = (request_timeout, retry_seconds, startup_timeout)
+        self.seed = seed
+        self.options = VLLMOptions(dtype, enforce_eager, kv_cache_gib, max_model_len, seed, gpu_memory_utilization) \
+            if urls is None else None  # fmt: skip
+        self.snapshots = WeightSnapshots(snapshot_dir, sync_check_tolerance)
+        self.client: Servers | None = None
+        self.loaded: WeightSnapshot | None = None
+        self.synced_step: int | None = None
+        self._started: list[subprocess.Popen] = []
+        self._watchdogs: list[tuple[subprocess.Popen, int]] = []
+        self._directory: str | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.client is not None:
+            return
+        policy = pl_module.policy
+        dtype = self.options.resolved_dtype(policy, str(trainer.precision)) if self.options else "auto"
+        self.snapshots.setup(trainer, pl_module, dtype)
+        first = self.snapshot_weights(trainer, pl_module)
+        request_timeout, retry_seconds, startup_timeout = self.timeouts
+        if self.urls is None:
+            require(trainer.world_size == 1,
+                    f"sampler.engine: vllm_server starts servers for one training rank, this run has "
+                    f"{trainer.world_size}: start them yourself and give sampler.engine.urls (at least one per "
+                    "rank)")  # fmt: skip
+            if pl_module.device.type == "cpu":
+                check_cpu_head_size(policy)
+            self._directory = model_directory(first, pl_module.tokenizer)
+            urls = self._start_servers(first.path, pl_module.device, dtype)
+            model = SERVED_NAME
+        else:
+            urls = rank_servers(self.urls, trainer.global_rank, trainer.world_size)
+            model = self.model
+        self.client = Servers(urls, request_timeout, retry_seconds, model or "")
+        if model is None:
+            self.client.model = self.client.describe_model(0)["id"]
+        self._check_servers(policy)
+        self.loaded = None
+        self.load_snapshot(first)
+
+    def _check_servers(self, policy: nn.Module) -> None:
+        """Refuse, at fit start, a server whose model cannot be the policy's: another name, a shorter context."""
+        context = self.options.max_model_len if self.options and self.options.max_model_len else None
+        wanted = context or getattr(base_model(policy).config, "max_position_embeddings", None)
+        assert self.client is not None
+        for index, url in enumerate(self.client.urls):
+            card = self.client.describe_model(index)
+            require(card.get("id") == self.client.model,
+                    f"vLLM server {url} serves {card.get('id')!r}, but sampler.engine.model is "
+                    f"{self.client.model!r}")  # fmt: skip
+            length = card.get("max_model_len")
+            require(wanted is None or length is None or int(length) >= int(wanted),
+                    f"vLLM server {url} has context length {length}, the policy {wanted}: start it with "
+                    f"--max-model-len {wanted}")  # fmt: skip
+
+    def before_rollout(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Synchronous use (a round sampled with the current weights, the evaluation): sync them if they changed."""
+        if self.loaded is None or self.loaded.step != trainer.global_step:
+            self.load_snapshot(self.snapshot_weights(trainer, pl_module))
+
+    def snapshot_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> WeightSnapshot:
+        """The trainer's current weights, written for the servers (see ``WeightSnapshots.take``)."""
+        return self.snapshots.take(trainer, pl_module)
+
+    def load_snapshot(self, snapshot: WeightSnapshot) -> None:
+        """Every server reloads ``snapshot`` (unless they hold it already); the probe then checks each."""
+        if self.loaded is snapshot:
+            return
+        assert self.client is not None, "VLLMServerEngine.setup must run before its weights are synced"
+        ids = self.snapshots.probe_ids().tolist()
+        for index, url in enumerate(self.client.urls):
+            self.client.reload(index, snapshot.path)
+            engine = torch.tensor(self.client.prompt_logprobs(index, ids), dtype=torch.float32)  # [PROBE_LENGTH - 1]
+            self.snapshots.check(snapshot, engine, where=f"the vLLM server {url}")
+        self.loaded = snapshot
+        self.synced_step = snapshot.step
+
+    def sample(
+        self,
+        policy: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        settings: SamplingSettings,
+        group_size: int,
+        with_logprobs: bool = False,
+        synced_gpus: bool = False,
+        seed: int = 0,
+    ) -> EngineSamples:
+        if self.client is None or self.loaded is None:
+            raise RuntimeError("VLLMServerEngine.sample before any weights were synced (setup or load_snapshot)")
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]  # P lists
+        completions = self.client.complete(prompts, settings, group_size, with_logprobs, seed)
+        device = prompt_ids.device
+        response_ids = padded([c.token_ids for c in completions], tokenizer.pad_token_id).to(device)  # [N, R]
+        ended = torch.tensor([c.ended for c in completions], device=device)  # [N]
+        logprobs = None
+        if with_logprobs:
+            rows = [c.logprobs or [] for c in completions]
+            logprobs = padded(rows, 0.0, torch.float32)[:, : response_ids.shape[1]].to(device)  # [N, R]
+        return EngineSamples(response_ids, ended, logprobs)
+
+    def teardown(self) -> None:
+        """Stop the servers the engine started and remove its files (never raises)."""
+        self.client = None
+        self.loaded = None
+        self.snapshots.close()
+        for process in self._started:
+            _stop(process)
+        self._started = []
+        for watchdog, pipe in self._watchdogs:
+            os.close(pipe)
+            watchdog.wait(timeout=30)
+        self._watchdogs = []
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+
+    def _start_servers(self, weights: str, device: torch.device, dtype: str) -> list[str]:
+        """Start ``servers`` vLLM servers from the checkpoint at ``weights``; their URLs once all answer."""
+        assert self.options is not None and self._directory is not None
+        with open(os.path.join(weights, "config.json")) as handle:
+            context = json.load(handle).get("max_position_embeddings", 0)
+        arguments = self.options.llm_arguments(weights, dtype, device, context)
+        arguments.update(tokenizer=self._directory, load_format="safetensors", served_model_name=SERVED_NAME)
+        urls, logs = [], []
+        for index in range(self.servers):
+            port = self.port + index
+            variables = {**engine_variables(False, device, self.options.kv_cache_gib), "VLLM_SERVER_DEV_MODE": "1"}
+            if self.cpu_cores is not None:
+                variables["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_cores[index]
+            if self.devices is not None:
+                variables["CUDA_VISIBLE_DEVICES"] = self.devices[index]
+            log = tempfile.NamedTemporaryFile(prefix=f"gspo_lightning_vllm_server_{port}_", suffix=".log", delete=False)
+            cores = core_set(self.cpu_cores[index]) if self.cpu_cores else None
+            process = subprocess.Popen(
+                serve_command(dict(arguments), port), env={**os.environ, **variables}, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_on_cores(cores),
+            )  # fmt: skip
+            self._started.append(process)
+            watchdog = stop_with_this_process([-process.pid])  # its process group: the server and its engine core
+            if watchdog is not None:
+                self._watchdogs.append(watchdog)
+            urls.append(f"http://127.0.0.1:{port}")
+            logs.append(log.name)
+        for url, process, log in zip(urls, self._started, logs):
+            _wait_until_healthy(url, process, log, self.timeouts[2])
+        return urls
+
+
+def rank_servers(urls: list[str], rank: int, world_size: int) -> list[str]:
+    """The servers training rank ``rank`` of ``world_size`` samples from and syncs: every ``world_size``-th one,
+    so that no server is fed weights by two ranks."""
+    require(len(urls) >= world_size,
+            f"sampler.engine.urls lists {len(urls)} servers for {world_size} training ranks: each rank needs one of "
+            "its own")  # fmt: skip
+    return urls[rank::world_size]
+
+
+def serve_command(arguments: dict[str, Any], port: int) -> list[str]:
+    """``vllm serve`` with ``vllm.LLM``'s keyword ``arguments`` as its command-line flags."""
+    model = str(arguments.pop("model"))
+    try:  # `vllm serve`; the CPU build (the `vllm-cpu` distribution) breaks that CLI's version lookup
+        importlib.metadata.version("vllm")
+        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
+    except importlib.metadata.PackageNotFoundError:
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
+    for key, value in arguments.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            command.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            command += [flag, str(value)]
+    return command
+
+
+def _on_cores(cores: set[int] | None) -> Any:
+    if cores is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def _wait_until_healthy(url: str, process: subprocess.Popen, log: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            with open(log, errors="replace") as handle:
+                tail = handle.read()[-2000:]
+            raise ServerError(f"the vLLM server for {url} exited with code {process.returncode} while starting "
+                              f"(its log: {log}):\n{tail}")  # fmt: skip
+        try:
+            get(url, "/health", timeout=5)
+            return
+        except (OSError, ValueError):
+            time.sleep(1.0)
+    raise ServerError(f"the vLLM server for {url} did not answer /health within {timeout:g} s "
+                      f"(sampler.engine.startup_timeout; its log: {log})")  # fmt: skip
+
+
+def _stop(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired, PermissionError):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
