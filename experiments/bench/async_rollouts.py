@@ -2,10 +2,12 @@
 
     python experiments/bench/async_rollouts.py                  # 3 modes x 3 seeds, about 35 minutes on 2 cores
     python experiments/bench/async_rollouts.py --seeds 0 --steps 100    # a quick look
+    python experiments/bench/async_rollouts.py --engine vllm_server --modes sync fixed_lag    # over a vLLM server
 
 The quick start (warm-started tiny Qwen3, 3-digit addition, P x G = 16 x 8, K = 4) with
 ``sampler.engine: vllm_process``: vLLM's engine core in a process of its own, its threads bound to core 1
-(``cpu_cores: "1"``), the trainer's process on core 0 (``taskset -c 0``), one thread each (``OMP_NUM_THREADS=1``).
+(``cpu_cores: "1"``; with ``--engine vllm_server``: a vLLM server the engine starts on core 1), the trainer's
+process on core 0 (``taskset -c 0``), one thread each (``OMP_NUM_THREADS=1``).
 Every mode does the same work, with ``model.rollout_correction.mode: tis``:
 
 - ``sync``: ``sampler.asynchronous.mode: off``: each round the engine samples while the trainer waits, then the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import platform
 import shutil
@@ -40,7 +43,12 @@ import lightning.pytorch as pl
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-OUT = ROOT / "experiments/async_rollouts"
+ENGINES = {
+    "vllm_process": ("gspo_lightning.engines.VLLMProcessEngine", {"cpu_cores": "1"}, "async_rollouts"),
+    "vllm_server": ("gspo_lightning.engines.VLLMServerEngine", {"cpu_cores": ["1"], "port": 8231},
+                    "async_rollouts_server"),
+}
+"""Each engine: its class, its options (the engine on core 1), the folder under ``experiments/`` its results go to."""
 MODES = {
     "sync": ["--sampler.asynchronous.mode=off"],
     "fixed_lag": ["--sampler.asynchronous.mode=fixed_lag", "--sampler.asynchronous.lag=1"],
@@ -59,8 +67,9 @@ class StepClock(pl.Callback):
             handle.write(f"{trainer.global_step},{time.perf_counter()}\n")
 
 
-def _command(mode: str, seed: int, steps: int) -> list[str]:
-    engine = '{"class_path": "gspo_lightning.engines.VLLMProcessEngine", "init_args": {"cpu_cores": "1"}}'
+def _command(mode: str, seed: int, steps: int, engine_name: str) -> list[str]:
+    class_path, options, _ = ENGINES[engine_name]
+    engine = json.dumps({"class_path": class_path, "init_args": options})
     return [
         "taskset", "-c", "0", sys.executable, "-m", "gspo_lightning", "fit", "-c", str(CONFIG),
         f"--trainer.max_steps={steps}",
@@ -78,9 +87,9 @@ def _environment(cache: Path) -> dict[str, str]:
                 VLLM_CPU_KVCACHE_SPACE="1", MKL_NUM_THREADS="1")  # fmt: skip
 
 
-def _warm_start(cache: Path, seed: int) -> None:
+def _warm_start(out: Path, cache: Path, seed: int) -> None:
     """The warm start of this seed into the cache, on both cores, before anything is timed."""
-    workdir = OUT / "work" / f"warm_{seed}"
+    workdir = out / "work" / f"warm_{seed}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", str(CONFIG),
@@ -90,12 +99,12 @@ def _warm_start(cache: Path, seed: int) -> None:
     subprocess.run(command, cwd=workdir, env=environment, check=True, capture_output=True)
 
 
-def _run(mode: str, seed: int, steps: int, cache: Path) -> dict:
-    workdir = OUT / "work" / f"{mode}_{seed}"
+def _run(out: Path, engine: str, mode: str, seed: int, steps: int, cache: Path) -> dict:
+    workdir = out / "work" / f"{mode}_{seed}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    result = subprocess.run(_command(mode, seed, steps), cwd=workdir, env=_environment(cache), capture_output=True,
-                            text=True)  # fmt: skip
+    result = subprocess.run(_command(mode, seed, steps, engine), cwd=workdir, env=_environment(cache),
+                            capture_output=True, text=True)  # fmt: skip
     if result.returncode != 0:
         raise RuntimeError(f"{mode} seed {seed} failed:\n{result.stderr[-4000:]}")
     clock = [tuple(map(float, line.split(","))) for line in (workdir / "clock.csv").read_text().splitlines()]
@@ -131,18 +140,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
                         help="run these modes only; the other modes' rows of results.csv and curves.csv are kept")
+    parser.add_argument("--engine", choices=list(ENGINES), default="vllm_process",
+                        help="vllm_process (results in experiments/async_rollouts/) or vllm_server (a vLLM server the "
+                        "engine starts; experiments/async_rollouts_server/)")
     parser.add_argument("--report", action="store_true", help="rebuild output.txt from results.csv, run nothing")
     args = parser.parse_args()
+    out = ROOT / "experiments" / ENGINES[args.engine][2]
     if args.report:
-        _report(list(csv.DictReader((OUT / "results.csv").open())), args.seeds, args.steps)
+        _report(out, args.engine, list(csv.DictReader((out / "results.csv").open())), args.seeds, args.steps)
         return
-    cache = OUT / "work" / "cache"  # the warm starts, removed with the runs
-    OUT.mkdir(parents=True, exist_ok=True)
-    summaries, curves = _kept(OUT / "results.csv", args.modes), _kept(OUT / "curves.csv", args.modes)
+    cache = out / "work" / "cache"  # the warm starts, removed with the runs
+    out.mkdir(parents=True, exist_ok=True)
+    summaries, curves = _kept(out / "results.csv", args.modes), _kept(out / "curves.csv", args.modes)
     for seed in args.seeds:
-        _warm_start(cache, seed)
+        _warm_start(out, cache, seed)
         for mode in args.modes:
-            run = _run(mode, seed, args.steps, cache)
+            run = _run(out, args.engine, mode, seed, args.steps, cache)
             summaries.append(_summary(run, args.steps))
             print(summaries[-1], flush=True)
             zero = run["stamp"][K] - (run["stamp"][2 * K] - run["stamp"][K])  # wall time 0: one round before step 4
@@ -152,10 +165,10 @@ def main() -> None:
                     seconds = run["stamp"].get(step, zero) - zero if step else 0.0
                     curves.append({"mode": mode, "seed": seed, "step": step, "wall_s": round(seconds, 2),
                                    "accuracy": float(row["eval/accuracy"])})  # fmt: skip
-    _write(OUT / "results.csv", summaries)
-    _write(OUT / "curves.csv", curves)
-    _report(summaries, args.seeds, args.steps)
-    shutil.rmtree(OUT / "work", ignore_errors=True)
+    _write(out / "results.csv", summaries)
+    _write(out / "curves.csv", curves)
+    _report(out, args.engine, summaries, args.seeds, args.steps)
+    shutil.rmtree(out / "work", ignore_errors=True)
 
 
 def _kept(path: Path, rerun: list[str]) -> list[dict]:
@@ -165,9 +178,10 @@ def _kept(path: Path, rerun: list[str]) -> list[dict]:
     return [row for row in csv.DictReader(path.open()) if row["mode"] not in rerun]
 
 
-def _report(summaries: list[dict], seeds: list[int], steps: int) -> None:
+def _report(out: Path, engine: str, summaries: list[dict], seeds: list[int], steps: int) -> None:
     """``output.txt`` from the runs' summaries (``--report`` rebuilds it from ``results.csv``)."""
-    lines = [f"# python experiments/bench/async_rollouts.py --seeds {' '.join(map(str, seeds))} --steps {steps}  "
+    lines = [f"# python experiments/bench/async_rollouts.py --engine {engine} --seeds {' '.join(map(str, seeds))} "
+             f"--steps {steps}  "
              f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"]  # fmt: skip
     modes = [mode for mode in MODES if any(s["mode"] == mode for s in summaries)]
     for mode in modes:
@@ -187,7 +201,7 @@ def _report(summaries: list[dict], seeds: list[int], steps: int) -> None:
     split = [s for s in summaries if s["mode"] == "sync"]
     ideal = statistics.mean(1 / max(float(s["train_frac"]), float(s["engine_busy_frac"])) for s in split)
     lines.append(f"perfect overlap of sync's own split (the longer of sampling and training per round): {ideal:.2f}x")
-    (OUT / "output.txt").write_text("\n".join(lines) + "\n")
+    (out / "output.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
