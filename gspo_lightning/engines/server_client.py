@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gspo_lightning.engines.base import SamplingSettings
+from gspo_lightning.validation import UserError
 
 
-class ServerError(RuntimeError):
-    """A vLLM server did not answer, or answered with an error, for longer than the retry budget."""
+class ServerError(UserError):
+    """A vLLM server did not answer, or answered with an error, for longer than the retry budget: reported in one
+    line, as a bad setting is (the fix is on the server's side or in ``sampler.engine``), not as a bug."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,11 @@ class Servers:
                 raise ServerError(f"vLLM server {self.urls[index]} could not reset its prefix cache after a sync")
         finally:
             self.call(index, "/resume")
+
+    def tokenize(self, index: int, text: str) -> list[int]:
+        """The token ids server ``index``'s tokenizer gives ``text`` (no special tokens added)."""
+        body = {"model": self.model, "prompt": text, "add_special_tokens": False}
+        return [int(token) for token in self.call(index, "/tokenize", body)["tokens"]]
 
     def describe_model(self, index: int) -> dict[str, Any]:
         """What ``/v1/models`` says of the served model (its ``id`` and ``max_model_len``)."""

@@ -44,6 +44,8 @@ from gspo_lightning.validation import require
 
 SERVED_NAME = "policy"
 """The served model's name on servers the engine starts (``--served-model-name``)."""
+TOKENIZER_CHECK = "GSPO 12+34=46, déjà vu\n<|im_end|>"
+"""Text both tokenizers must split into the same ids: digits, punctuation, accents, a newline, a chat marker."""
 
 
 class VLLMServerEngine(SamplingEngine):
@@ -146,12 +148,13 @@ class VLLMServerEngine(SamplingEngine):
         self.client = Servers(urls, request_timeout, retry_seconds, model or "")
         if model is None:
             self.client.model = self.client.describe_model(0)["id"]
-        self._check_servers(policy)
+        self._check_servers(policy, pl_module.tokenizer)
         self.loaded = None
         self.load_snapshot(first)
 
-    def _check_servers(self, policy: nn.Module) -> None:
-        """Refuse, at fit start, a server whose model cannot be the policy's: another name, a shorter context."""
+    def _check_servers(self, policy: nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Refuse, at fit start, a server whose model cannot be the policy's: another name, another tokenizer (the
+        ids of ``TOKENIZER_CHECK``), a shorter context."""
         context = self.options.max_model_len if self.options and self.options.max_model_len else None
         wanted = context or getattr(base_model(policy).config, "max_position_embeddings", None)
         assert self.client is not None
@@ -160,6 +163,11 @@ class VLLMServerEngine(SamplingEngine):
             require(card.get("id") == self.client.model,
                     f"vLLM server {url} serves {card.get('id')!r}, but sampler.engine.model is "
                     f"{self.client.model!r}")  # fmt: skip
+            theirs = self.client.tokenize(index, TOKENIZER_CHECK)
+            ours = tokenizer(TOKENIZER_CHECK, add_special_tokens=False)["input_ids"]
+            require(theirs == ours,
+                    f"vLLM server {url} tokenizes {TOKENIZER_CHECK!r} as {theirs}, the policy's tokenizer as {ours}: "
+                    "it serves another vocabulary")  # fmt: skip
             length = card.get("max_model_len")
             require(wanted is None or length is None or int(length) >= int(wanted),
                     f"vLLM server {url} has context length {length}, the policy {wanted}: start it with "
@@ -298,9 +306,10 @@ def _wait_until_healthy(url: str, process: subprocess.Popen, log: str, timeout: 
     while time.monotonic() < deadline:
         if process.poll() is not None:
             with open(log, errors="replace") as handle:
-                tail = handle.read()[-2000:]
-            raise ServerError(f"the vLLM server for {url} exited with code {process.returncode} while starting "
-                              f"(its log: {log}):\n{tail}")  # fmt: skip
+                lines = [line.strip() for line in handle if line.strip()]
+            said = lines[-1][:300] if lines else "nothing"
+            raise ServerError(f"the vLLM server for {url} exited with code {process.returncode} while starting; its "
+                              f"last line: {said} (its log: {log})")  # fmt: skip
         try:
             get(url, "/health", timeout=5)
             return

@@ -15,7 +15,7 @@ from typing import Any
 @dataclass
 class Behaviour:
     """How the fake server answers: ``fail`` HTTP 500s first (then it recovers; -1: never), a random delay of up
-    to ``max_delay`` s per completion, ``model`` and ``max_model_len`` in ``/v1/models``, ``malformed`` completions
+    to ``max_delay`` s per completion, ``model`` and ``max_model_len`` in ``/v1/models``, the ``vocabulary`` of its one-id-per-character tokenizer, ``malformed`` completions
     without their token ids, HTTP 500s always on ``fail_paths``."""
 
     fail: int = 0
@@ -23,8 +23,14 @@ class Behaviour:
     model: str = "policy"
     max_model_len: int = 4096
     malformed: bool = False
+    vocabulary: int = 50
     fail_paths: set[str] = field(default_factory=set)
     requests: list[tuple[str, Any]] = field(default_factory=list)
+
+
+def fake_ids(text: str, vocabulary: int = 50) -> list[int]:
+    """The fake tokenizer: one id per character."""
+    return [ord(character) % vocabulary for character in text]
 
 
 def fake_tokens(prompt: list[int], seed: int, length: int = 3) -> list[int]:
@@ -67,6 +73,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/completions":
             time.sleep(random.uniform(0, behaviour.max_delay))
             self._answer(200, _completion(body, behaviour.malformed))
+        elif self.path == "/tokenize":
+            self._answer(200, {"tokens": fake_ids(body["prompt"], behaviour.vocabulary), "count": 0,
+                               "max_model_len": behaviour.max_model_len})  # fmt: skip
         elif self.path == "/reset_prefix_cache":
             self._answer(200, {"success": True})
         else:

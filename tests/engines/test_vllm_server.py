@@ -15,7 +15,7 @@ from gspo_lightning.engines import ENGINES, VLLMServerEngine, resolve_engine
 from gspo_lightning.engines.base import SamplingSettings
 from gspo_lightning.engines.server_client import Servers, ServerError, completion_request
 from gspo_lightning.engines.vllm_server import rank_servers, serve_command
-from tests.engines.fake_vllm_server import Behaviour, FakeVLLMServer, fake_tokens
+from tests.engines.fake_vllm_server import Behaviour, FakeVLLMServer, fake_ids, fake_tokens
 
 SETTINGS = SamplingSettings(max_new_tokens=3, temperature=1.0)
 
@@ -137,16 +137,30 @@ def _policy(max_positions: int) -> SimpleNamespace:
     return SimpleNamespace(config=SimpleNamespace(max_position_embeddings=max_positions))
 
 
+def _tokenizer(text: str, add_special_tokens: bool) -> dict:
+    return {"input_ids": fake_ids(text)}
+
+
 def test_a_server_with_another_model_is_refused_at_fit_start_naming_both(servers):
     fakes = servers(Behaviour(), Behaviour(model="Qwen/Qwen3-8B"))
     with pytest.raises(ValueError, match=r"serves 'Qwen/Qwen3-8B', but sampler.engine.model is 'policy'"):
-        _engine_on(fakes, model="policy")._check_servers(_policy(512))
+        _engine_on(fakes, model="policy")._check_servers(_policy(512), _tokenizer)
 
 
 def test_a_server_with_a_shorter_context_is_refused_at_fit_start_naming_both(servers):
     fakes = servers(Behaviour(max_model_len=256))
     with pytest.raises(ValueError, match=r"context length 256, the policy 512: start it with --max-model-len 512"):
-        _engine_on(fakes)._check_servers(_policy(512))
+        _engine_on(fakes)._check_servers(_policy(512), _tokenizer)
+
+
+def test_a_server_with_another_vocabulary_is_refused_at_fit_start_naming_both(servers):
+    fakes = servers(Behaviour(vocabulary=40))
+    with pytest.raises(ValueError, match=r"tokenizes 'GSPO.* as \[.*\], the policy's tokenizer as \[.*another vocab"):
+        _engine_on(fakes)._check_servers(_policy(512), _tokenizer)
+
+
+def test_servers_of_the_policys_model_pass_the_fit_start_checks(servers):
+    _engine_on(servers(Behaviour(), Behaviour()))._check_servers(_policy(512), _tokenizer)
 
 
 def test_samples_come_back_padded_in_row_order_with_their_log_probs(servers):
