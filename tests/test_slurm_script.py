@@ -73,7 +73,7 @@ def test_the_script_starts_a_server_per_inference_gpu_and_gives_the_trainers_the
 def test_too_few_inference_nodes_stop_before_anything_starts(tmp_path):
     result, calls = _run_script(tmp_path, TRAIN_NODES="3")
     assert result.returncode == 2 and calls == []
-    assert "1 inference nodes for 3 trainer nodes" in result.stderr
+    assert "1 inference nodes for 3 trainer nodes: every training rank needs as many" in result.stderr
 
 
 @pytest.mark.parametrize("config", ["configs/qwen3_0.6b_gsm8k_servers.yaml"])

@@ -123,6 +123,11 @@ class SamplingEngine(ABC):
     def teardown(self) -> None:
         """When training ends."""
 
+    def take_figures(self) -> dict[str, float]:
+        """The engine's own figures since the last call (weight syncs, requests), which the sampler logs under
+        ``engine/`` with each new round; none by default."""
+        return {}
+
     def snapshot_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
         """The trainer's current weights, taken now, for a later ``load_snapshot`` on the engine's thread (an engine
         that ``runs_in_background`` only)."""

@@ -12,6 +12,7 @@ A request that fails (no answer, a dropped connection, an HTTP error) is sent ag
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -47,10 +48,28 @@ def post(url: str, path: str, body: dict[str, Any] | None, timeout: float) -> An
     return json.loads(text) if text else None
 
 
-def get(url: str, path: str, timeout: float) -> Any:
+def get(url: str, path: str, timeout: float, as_json: bool = True) -> Any:
     with urllib.request.urlopen(url + path, timeout=timeout) as response:  # noqa: S310 - the user's own servers
         text = response.read()
+    if not as_json:
+        return text.decode(errors="replace")
     return json.loads(text) if text else None
+
+
+@dataclass
+class RequestFigures:
+    """One server's completions since the figures were last taken: how many, their summed latency, the tokens
+    they generated."""
+
+    requests: int = 0
+    latency_s: float = 0.0
+    tokens: int = 0
+
+
+def queue_depth(prometheus: str) -> float:
+    """Requests running or waiting on a server, from its ``/metrics`` text (vLLM's ``num_requests_*`` gauges)."""
+    names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in prometheus.splitlines() if line.startswith(names))
 
 
 def describe(error: BaseException) -> str:
@@ -79,6 +98,9 @@ class Servers:
         self.request_timeout = request_timeout
         self.retry_seconds = retry_seconds
         self.model = model
+        self._figures = [RequestFigures() for _ in self.urls]
+        self._sampling_s = 0.0
+        self._lock = threading.Lock()
 
     def call(self, index: int, path: str, body: dict[str, Any] | None = None, failover: bool = False) -> Any:
         """POST to server ``index`` (with ``failover``: to the next servers in turn while it fails), retried until
@@ -86,9 +108,14 @@ class Servers:
         deadline = time.monotonic() + self.retry_seconds
         attempt = 0
         while True:
-            url = self.urls[(index + attempt) % len(self.urls)] if failover else self.urls[index]
+            server = (index + attempt) % len(self.urls) if failover else index
+            url = self.urls[server]
             try:
-                return post(url, path, body, self.request_timeout)
+                sent = time.perf_counter()
+                answer = post(url, path, body, self.request_timeout)
+                if path == "/v1/completions":
+                    self._record(server, time.perf_counter() - sent, answer)
+                return answer
             except (OSError, ValueError) as error:  # URLError and HTTPError are OSErrors; bad JSON a ValueError
                 said = describe(error)
                 if time.monotonic() >= deadline:
@@ -111,8 +138,42 @@ class Servers:
             return parse_completion(answer, with_logprobs)
 
         workers = max(1, min(len(rows), 64))
+        started = time.perf_counter()
         with ThreadPoolExecutor(workers, thread_name_prefix="vllm-server-request") as pool:
-            return list(pool.map(one, range(len(rows))))  # map keeps the rows' order
+            completions = list(pool.map(one, range(len(rows))))  # map keeps the rows' order
+        with self._lock:
+            self._sampling_s += time.perf_counter() - started
+        return completions
+
+    def _record(self, server: int, latency: float, answer: Any) -> None:
+        try:
+            tokens = len(answer["choices"][0]["token_ids"])
+        except (KeyError, IndexError, TypeError):
+            tokens = 0  # a malformed answer is refused by parse_completion
+        with self._lock:
+            figures = self._figures[server]
+            figures.requests += 1
+            figures.latency_s += latency
+            figures.tokens += tokens
+
+    def take_figures(self) -> dict[str, float]:
+        """Per server since the last call: ``server<i>/requests``, ``latency_s`` (mean per request),
+        ``tokens_per_s`` (generated tokens per second of sampling), and ``queue_depth`` now (requests running or
+        waiting, from ``/metrics``; NaN when the server does not answer it)."""
+        with self._lock:
+            figures, self._figures = self._figures, [RequestFigures() for _ in self.urls]
+            sampling_s, self._sampling_s = self._sampling_s, 0.0
+        taken: dict[str, float] = {}
+        for index, server in enumerate(figures):  # the same names every time: ranks gather them together
+            taken[f"server{index}/requests"] = server.requests
+            taken[f"server{index}/latency_s"] = server.latency_s / max(server.requests, 1)
+            taken[f"server{index}/tokens_per_s"] = server.tokens / sampling_s if sampling_s else 0.0
+            try:
+                taken[f"server{index}/queue_depth"] = queue_depth(get(self.urls[index], "/metrics", 5, False))
+            except (OSError, ValueError, IndexError):
+                # a figure, not a reason to stop: a dead server is reported by the next request
+                taken[f"server{index}/queue_depth"] = float("nan")
+        return taken
 
     def prompt_logprobs(self, index: int, ids: list[int]) -> list[float]:
         """The log-probs (temperature 1) server ``index`` gives tokens 1.. of ``ids``, each given those before."""

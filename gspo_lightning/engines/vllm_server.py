@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -120,6 +121,8 @@ class VLLMServerEngine(SamplingEngine):
         self.client: Servers | None = None
         self.loaded: WeightSnapshot | None = None
         self.synced_step: int | None = None
+        self._sync_figures = {"syncs": 0, "sync_s": 0.0, "snapshot_s": 0.0, "sync_bytes": 0}
+        self._figures_lock = threading.Lock()  # syncs run on the sampling thread, figures are taken on the trainer's
         self._started: list[subprocess.Popen] = []
         self._watchdogs: list[tuple[subprocess.Popen, int]] = []
         self._directory: str | None = None
@@ -180,13 +183,18 @@ class VLLMServerEngine(SamplingEngine):
 
     def snapshot_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> WeightSnapshot:
         """The trainer's current weights, written for the servers (see ``WeightSnapshots.take``)."""
-        return self.snapshots.take(trainer, pl_module)
+        started = time.perf_counter()
+        snapshot = self.snapshots.take(trainer, pl_module)
+        with self._figures_lock:
+            self._sync_figures["snapshot_s"] += time.perf_counter() - started
+        return snapshot
 
     def load_snapshot(self, snapshot: WeightSnapshot) -> None:
         """Every server reloads ``snapshot`` (unless they hold it already); the probe then checks each."""
         if self.loaded is snapshot:
             return
         assert self.client is not None, "VLLMServerEngine.setup must run before its weights are synced"
+        started = time.perf_counter()
         ids = self.snapshots.probe_ids().tolist()
         for index, url in enumerate(self.client.urls):
             self.client.reload(index, snapshot.path)
@@ -194,6 +202,18 @@ class VLLMServerEngine(SamplingEngine):
             self.snapshots.check(snapshot, engine, where=f"the vLLM server {url}")
         self.loaded = snapshot
         self.synced_step = snapshot.step
+        with self._figures_lock:
+            figures = self._sync_figures
+            figures.update(syncs=figures["syncs"] + 1, sync_s=figures["sync_s"] + time.perf_counter() - started,
+                           sync_bytes=figures["sync_bytes"] + snapshot.nbytes)  # fmt: skip
+
+    def take_figures(self) -> dict[str, float]:
+        """Since the last call: ``syncs``, ``sync_s`` (pause, reload, cache reset, resume and probe on every
+        server), ``snapshot_s`` (writing the versions), ``sync_bytes`` (per server), and each server's request
+        figures (``Servers.take_figures``)."""
+        with self._figures_lock:
+            figures, self._sync_figures = self._sync_figures, dict.fromkeys(self._sync_figures, 0)
+        return {**figures, **(self.client.take_figures() if self.client is not None else {})}
 
     def sample(
         self,
@@ -270,10 +290,10 @@ class VLLMServerEngine(SamplingEngine):
 
 def rank_servers(urls: list[str], rank: int, world_size: int) -> list[str]:
     """The servers training rank ``rank`` of ``world_size`` samples from and syncs: every ``world_size``-th one,
-    so that no server is fed weights by two ranks."""
-    require(len(urls) >= world_size,
-            f"sampler.engine.urls lists {len(urls)} servers for {world_size} training ranks: each rank needs one of "
-            "its own")  # fmt: skip
+    so that no server is fed weights by two ranks and every rank has as many."""
+    require(len(urls) % world_size == 0,
+            f"sampler.engine.urls lists {len(urls)} servers for {world_size} training ranks: each rank needs as many "
+            "of its own (a multiple of the ranks)")  # fmt: skip
     return urls[rank::world_size]
 
 

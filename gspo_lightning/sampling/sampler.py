@@ -168,6 +168,7 @@ class GroupSampler(Callback):
         self._stats: dict[str, torch.Tensor] = {}
         self._pending_rng: dict[str, Any] | None = None
         self._round_seconds: dict[str, float] = {}
+        self._engine_figures: dict[str, float] = {}
         self._step_started = 0.0
         self.source = round_source(self.asynchronous, self.engine)
         """Where each round's samples come from (``rollout/source.py``); the only place the mode is looked at."""
@@ -255,6 +256,8 @@ class GroupSampler(Callback):
         seconds = dict.fromkeys(("generate_s", "reward_s", "old_logprob_s", *self.source.seconds_logged), 0.0)
         seconds |= self._round_seconds
         metrics = {f"rollout/{k}": v for k, v in self._stats.items()} | {f"time/{k}": v for k, v in seconds.items()}
+        metrics |= {f"engine/{k}": float(v) for k, v in self._engine_figures.items()}
+        self._engine_figures = {}  # once per round: they count what happened since the last
         log_across_ranks(pl_module, metrics, len(batch.minibatch))
         if shows_progress_bar(pl_module):
             pl_module.log("reward", self._stats["reward_mean"], prog_bar=True, logger=False, batch_size=1)
@@ -272,6 +275,7 @@ class GroupSampler(Callback):
         self.last_rollout = result.rollout
         self._minibatches = result.minibatches
         self._round_seconds = result.seconds | sourced.seconds
+        self._engine_figures = self.engine.take_figures()
         self._stats = rollout_stats(result.rollout, self.group_size) | sourced.stats
         self._stats.update({name: torch.tensor(float(value)) for name, value in result.counts.items()})
         if self.round.mask_truncated:

@@ -15,8 +15,9 @@ from typing import Any
 @dataclass
 class Behaviour:
     """How the fake server answers: ``fail`` HTTP 500s first (then it recovers; -1: never), a random delay of up
-    to ``max_delay`` s per completion, ``model`` and ``max_model_len`` in ``/v1/models``, the ``vocabulary`` of its one-id-per-character tokenizer, ``malformed`` completions
-    without their token ids, HTTP 500s always on ``fail_paths``."""
+    to ``max_delay`` s per completion, ``model`` and ``max_model_len`` in ``/v1/models``, the ``vocabulary`` of its
+    one-id-per-character tokenizer, ``malformed`` completions without their token ids, HTTP 500s always on
+    ``fail_paths``."""
 
     fail: int = 0
     max_delay: float = 0.0
@@ -55,7 +56,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         behaviour = self.server.behaviour
         behaviour.requests.append((self.path, None))
-        if self.path == "/v1/models":
+        if self.path == "/metrics":
+            data = b'vllm:num_requests_running{model_name="policy"} 2.0\nvllm:num_requests_waiting{m="p"} 3.0\n'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif self.path == "/v1/models":
             self._answer(200, {"data": [{"id": behaviour.model, "max_model_len": behaviour.max_model_len}]})
         else:
             self._answer(200, {})

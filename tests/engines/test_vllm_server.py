@@ -51,6 +51,20 @@ def test_a_rounds_results_keep_their_rows_whatever_the_servers_timing(servers):
     assert sorted(tuple(body["prompt"]) for body in _completions(fakes[1:])) == sorted([(5,)] * 3 + [(9,)] * 3)
 
 
+def test_each_servers_requests_latency_tokens_and_queue_are_counted_until_taken(servers):
+    fakes = servers(Behaviour(), Behaviour())
+    client = Servers([fake.url for fake in fakes], request_timeout=5, retry_seconds=5, model="policy")
+    client.complete([[1], [2], [3]], SETTINGS, group_size=2, with_logprobs=False, seed=0)
+    fakes[1].stop()
+    figures = client.take_figures()
+    assert (figures["server0/requests"], figures["server1/requests"]) == (4, 2)  # prompts 0 and 2 on server 0
+    assert figures["server0/tokens_per_s"] == pytest.approx(2 * figures["server1/tokens_per_s"])  # 3 tokens each
+    assert figures["server0/latency_s"] > 0 and figures["server0/queue_depth"] == 5.0  # running 2 + waiting 3
+    assert figures["server1/queue_depth"] != figures["server1/queue_depth"]  # NaN: it stopped answering
+    again = client.take_figures()
+    assert again["server0/requests"] == 0 and again["server0/tokens_per_s"] == 0.0 and set(again) == set(figures)
+
+
 def test_requests_carry_token_ids_and_exactly_the_settings_distribution():
     body = completion_request("policy", [1, 2], SamplingSettings(4, temperature=0.7, top_p=0.9, top_k=5), True, 11)
     assert body["prompt"] == [1, 2] and body["return_token_ids"] and body["seed"] == 11
@@ -181,8 +195,9 @@ def test_each_training_rank_gets_servers_of_its_own():
     urls = ["http://a:1", "http://b:1", "http://c:1", "http://d:1"]
     assert rank_servers(urls, 0, 2) == ["http://a:1", "http://c:1"]
     assert rank_servers(urls, 1, 2) == ["http://b:1", "http://d:1"]
-    with pytest.raises(ValueError, match="lists 1 servers for 2 training ranks"):
-        rank_servers(urls[:1], 0, 2)
+    for count in (1, 3):
+        with pytest.raises(ValueError, match=f"lists {count} servers for 2 training ranks"):
+            rank_servers(urls[:count], 0, 2)
 
 
 def test_the_started_servers_command_carries_the_engines_arguments():

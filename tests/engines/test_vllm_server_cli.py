@@ -38,8 +38,8 @@ def _environment() -> dict[str, str]:
 
 
 def _fit(config: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gspo_lightning", "fit", "-c", str(config), *extra],
-                          cwd=config.parent, env=_environment(), capture_output=True, text=True, timeout=900)  # fmt: skip
+    command = [sys.executable, "-m", "gspo_lightning", "fit", "-c", str(config), *extra]
+    return subprocess.run(command, cwd=config.parent, env=_environment(), capture_output=True, text=True, timeout=900)
 
 
 def _rows(tmp_path: Path) -> list[dict]:
@@ -56,6 +56,9 @@ def test_the_servers_log_probs_equal_the_trainers_after_every_sync(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     kl = [float(r["mismatch/kl"]) for r in _rows(tmp_path) if r.get("mismatch/kl")]
     assert len(kl) == 8 and max(kl) < 1e-6, kl  # one per optimizer step, two syncs in between
+    rounds = [r for r in _rows(tmp_path) if r.get("engine/syncs")]
+    assert len(rounds) == 2 and all(float(r["engine/sync_bytes"]) > 0 for r in rounds)  # once per round
+    assert all(float(r["engine/server0/tokens_per_s"]) > 0 and float(r["engine/sync_s"]) > 0 for r in rounds)
     assert not _listening(8311)  # the engine stopped the server it started
 
 
