@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,7 @@ from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions, base_mod
 from gspo_lightning.engines.vllm_options import engine_variables
 from gspo_lightning.engines.vllm_process import core_set, stop_with_this_process
 from gspo_lightning.engines.weight_snapshots import WeightSnapshot, WeightSnapshots, model_directory
-from gspo_lightning.validation import require
+from gspo_lightning.validation import SettingError, require
 
 SERVED_NAME = "policy"
 """The served model's name on servers the engine starts (``--served-model-name``)."""
@@ -271,12 +272,14 @@ class VLLMServerEngine(SamplingEngine):
                 variables["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_cores[index]
             if self.devices is not None:
                 variables["CUDA_VISIBLE_DEVICES"] = self.devices[index]
-            log = tempfile.NamedTemporaryFile(prefix=f"gspo_lightning_vllm_server_{port}_", suffix=".log", delete=False)
+            require_free(port, f"sampler.engine.port ({self.port}, server {index} on {self.port} + {index})")
             cores = core_set(self.cpu_cores[index]) if self.cpu_cores else None
-            process = subprocess.Popen(
-                serve_command(dict(arguments), port), env={**os.environ, **variables}, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_on_cores(cores),
-            )  # fmt: skip
+            with tempfile.NamedTemporaryFile(prefix=f"gspo_lightning_vllm_server_{port}_", suffix=".log",
+                                             delete=False) as log:  # fmt: skip
+                process = subprocess.Popen(
+                    serve_command(dict(arguments), port), env={**os.environ, **variables}, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_on_cores(cores),
+                )  # fmt: skip
             self._started.append(process)
             watchdog = stop_with_this_process([-process.pid])  # its process group: the server and its engine core
             if watchdog is not None:
@@ -286,6 +289,17 @@ class VLLMServerEngine(SamplingEngine):
         for url, process, log in zip(urls, self._started, logs):
             _wait_until_healthy(url, process, log, self.timeouts[2])
         return urls
+
+
+def require_free(port: int, setting: str) -> None:
+    """Refuse a port something already listens on: a server left from another run would answer in ours' place."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: connections closing
+        try:  # from an earlier server (TIME_WAIT) do not count, a listening socket does
+            probe.bind(("127.0.0.1", port))
+        except OSError as error:
+            raise SettingError(f"{setting}: port {port} on 127.0.0.1 is taken ({error.strerror}); choose another "
+                               "port or stop what listens there") from None  # fmt: skip
 
 
 def rank_servers(urls: list[str], rank: int, world_size: int) -> list[str]:

@@ -14,7 +14,7 @@ import torch
 from gspo_lightning.engines import ENGINES, VLLMServerEngine, resolve_engine
 from gspo_lightning.engines.base import SamplingSettings
 from gspo_lightning.engines.server_client import Servers, ServerError, completion_request
-from gspo_lightning.engines.vllm_server import rank_servers, serve_command
+from gspo_lightning.engines.vllm_server import rank_servers, require_free, serve_command
 from tests.engines.fake_vllm_server import Behaviour, FakeVLLMServer, fake_ids, fake_tokens
 
 SETTINGS = SamplingSettings(max_new_tokens=3, temperature=1.0)
@@ -198,6 +198,14 @@ def test_each_training_rank_gets_servers_of_its_own():
     for count in (1, 3):
         with pytest.raises(ValueError, match=f"lists {count} servers for 2 training ranks"):
             rank_servers(urls[:count], 0, 2)
+
+
+def test_a_taken_port_is_refused_before_a_server_is_started(servers):
+    (fake,) = servers(Behaviour())
+    port = int(fake.url.rsplit(":", 1)[1])
+    with pytest.raises(ValueError, match=rf"sampler.engine.port .*: port {port} on 127.0.0.1 is taken"):
+        require_free(port, "sampler.engine.port (8100, server 0 on 8100 + 0)")
+    require_free(0, "sampler.engine.port")  # any free port passes
 
 
 def test_the_started_servers_command_carries_the_engines_arguments():

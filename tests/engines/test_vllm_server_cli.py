@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -73,9 +75,10 @@ def test_streaming_rounds_run_over_a_server(tmp_path):
 
 
 def _server_pid(port: int) -> int:
-    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    (pid,) = [int(line.split()[0]) for line in listing.splitlines() if f"--port {port}" in line and "vllm" in line]
-    return pid
+    """The pid of the API server on ``port``, from its log (vLLM renames its processes: ``ps`` cannot find them)."""
+    (log,) = sorted(Path(tempfile.gettempdir()).glob(f"gspo_lightning_vllm_server_{port}_*.log"),
+                    key=lambda path: path.stat().st_mtime)[-1:]  # fmt: skip
+    return int(re.search(r"\(APIServer pid=(\d+)\)", log.read_text(errors="replace")).group(1))
 
 
 def test_a_server_killed_mid_run_ends_in_one_line_or_a_finished_run_and_the_resume_trains_every_step(tmp_path):
