@@ -111,7 +111,7 @@ def _in_fresh_process(size: str, engine: str, reps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)

@@ -59,7 +59,7 @@ def test_recompute_is_the_default_and_is_exactly_on_policy(module):
     ("settings", "message"),
     [
         ({"old_logprobs": "sampler"}, r"sampler.old_logprobs must be one of \['recompute', 'engine'\], got 'sampler' \(renamed"),
-        ({"engine": "sglang"}, r"sampler.engine must be one of \['hf', 'vllm', 'vllm_process'\] or a SamplingEngine class_path"),
+        ({"engine": "sglang"}, r"sampler.engine must be one of \['hf', 'vllm', 'vllm_process', 'vllm_server'\] or a SamplingEngine class_path"),
     ],
 )
 def test_bad_settings_are_named(settings, message):
