@@ -16,7 +16,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -182,18 +183,30 @@ class Servers:
         entries = self.call(index, "/v1/completions", body)["choices"][0]["prompt_logprobs"][1:]
         return [float(entry[str(token)]["logprob"]) for token, entry in zip(ids[1:], entries)]
 
-    def reload(self, index: int, weights_path: str) -> None:
-        """Server ``index`` loads the checkpoint at ``weights_path`` in place: generation paused (requests in flight
-        finish first), the weights reloaded, the prefix cache reset (blocks of the old weights must not serve the
-        new ones), generation resumed."""
+    @contextmanager
+    def paused(self, index: int) -> Iterator[None]:
+        """Server ``index`` with generation paused (requests in flight finish first) while its weights change; then
+        its prefix cache reset (blocks of the old weights must not serve the new ones) and generation resumed."""
         self.call(index, "/pause?mode=wait")
         try:
-            kwargs = {"weights_path": weights_path, "is_checkpoint_format": True}
-            self.call(index, "/collective_rpc", {"method": "reload_weights", "kwargs": kwargs})
+            yield
             if not (self.call(index, "/reset_prefix_cache") or {}).get("success", False):
                 raise ServerError(f"vLLM server {self.urls[index]} could not reset its prefix cache after a sync")
         finally:
             self.call(index, "/resume")
+
+    def reload(self, index: int, weights_path: str) -> None:
+        """Server ``index`` loads the checkpoint at ``weights_path`` in place (while ``paused``)."""
+        with self.paused(index):
+            kwargs = {"weights_path": weights_path, "is_checkpoint_format": True}
+            self.call(index, "/collective_rpc", {"method": "reload_weights", "kwargs": kwargs})
+
+    def server_info(self, index: int) -> dict[str, Any]:
+        """What ``/server_info?config_format=json`` says of server ``index`` (its vLLM config)."""
+        try:
+            return get(self.urls[index], "/server_info?config_format=json", self.request_timeout)
+        except (OSError, ValueError) as error:
+            raise ServerError(f"vLLM server {self.urls[index]} failed on /server_info: {describe(error)}") from None
 
     def tokenize(self, index: int, text: str) -> list[int]:
         """The token ids server ``index``'s tokenizer gives ``text`` (no special tokens added)."""

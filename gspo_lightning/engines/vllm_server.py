@@ -5,12 +5,12 @@ The engine samples from one or more vLLM OpenAI-compatible servers, token ids in
 machines for instance), or the engine starts ``servers`` of them on this machine, each on the cores or GPUs it is
 given, and stops them with the run (a single-node user needs no second command).
 
-Weights reach every server as checkpoint files it reloads in place, through the server's RL endpoints: pause
-(requests in flight finish), ``collective_rpc("reload_weights")``, reset the prefix cache, resume; then the probe
-check of :mod:`gspo_lightning.engines.weight_snapshots` on each server, which stops the run on a mismatch. This
-path runs everywhere vLLM runs, CPUs included; the files must be readable by the servers (``snapshot_dir`` on a
-shared file system for servers on other machines). vLLM's NCCL weight-transfer engines (GPUs) are not wired in
-yet.
+Each weight version reaches every server through the server's RL endpoints: pause (requests in flight finish),
+update, reset the prefix cache, resume; then the probe check of :mod:`gspo_lightning.engines.weight_snapshots` on
+each server, which stops the run on a mismatch. The update is ``weight_transfer`` (see
+:mod:`gspo_lightning.engines.weight_transfer`): on GPUs vLLM's NCCL broadcast (or CUDA IPC for a server on the
+trainer's own GPU); on CPUs checkpoint files the server reloads (``collective_rpc("reload_weights")``), which must
+be readable by the servers (``snapshot_dir`` on a shared file system for servers on other machines).
 
 Servers started by the engine run with ``VLLM_SERVER_DEV_MODE=1`` (which mounts ``/collective_rpc`` and
 ``/reset_prefix_cache``); servers the user starts need it too.
@@ -18,18 +18,13 @@ Servers started by the engine run with ``VLLM_SERVER_DEV_MODE=1`` (which mounts 
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -37,12 +32,16 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded
-from gspo_lightning.engines.server_client import Servers, ServerError, get
+from gspo_lightning.engines.server_client import Servers
+from gspo_lightning.engines.server_launch import require_free, serve_command, start_server, stop_server
+from gspo_lightning.engines.server_launch import wait_until_healthy
 from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions, base_model, check_cpu_head_size
 from gspo_lightning.engines.vllm_options import engine_variables
 from gspo_lightning.engines.vllm_process import core_set, stop_with_this_process
 from gspo_lightning.engines.weight_snapshots import WeightSnapshot, WeightSnapshots, model_directory
-from gspo_lightning.validation import SettingError, require
+from gspo_lightning.engines.weight_transfer import TRANSFERS, TransferLink, WeightTransfer, resolve_transfer
+from gspo_lightning.engines.weight_transfer import server_flags, server_workers
+from gspo_lightning.validation import require, require_one_of
 
 SERVED_NAME = "policy"
 """The served model's name on servers the engine starts (``--served-model-name``)."""
@@ -66,6 +65,13 @@ class VLLMServerEngine(SamplingEngine):
         request_timeout: seconds one request may take before it counts as failed.
         retry_seconds: how long a failing request is retried (on the other servers too) before the run stops.
         startup_timeout: seconds a server the engine starts may take to answer ``/health``.
+        weight_transfer: how weight versions reach the servers: ``auto`` (``nccl`` on CUDA GPUs, else ``file``),
+            ``file`` (safetensors the servers reload), ``nccl`` (vLLM's NCCL broadcast; servers given by ``urls``
+            need ``--weight-transfer-config '{"backend": "nccl"}'``) or ``ipc`` (vLLM's CUDA IPC, a server on the
+            trainer's own GPU).
+        transfer_address: where servers reach this process for the NCCL rendezvous (null: 127.0.0.1 for servers
+            the engine starts, this host's name for ``urls``).
+        transfer_port: the first NCCL rendezvous port (rank r's server i uses ``transfer_port + r * n + i``).
         dtype, enforce_eager, kv_cache_gib, max_model_len, seed, gpu_memory_utilization: as ``VLLMEngine``'s (for
             the servers the engine starts; ``seed`` seeds every request either way).
         sync_check_tolerance, snapshot_dir: as ``VLLMProcessEngine``'s.
@@ -86,6 +92,9 @@ class VLLMServerEngine(SamplingEngine):
         request_timeout: float = 600.0,
         retry_seconds: float = 60.0,
         startup_timeout: float = 600.0,
+        weight_transfer: WeightTransfer = "auto",
+        transfer_address: str | None = None,
+        transfer_port: int = 29700,
         dtype: VLLMDtype = "auto",
         enforce_eager: bool | None = None,
         kv_cache_gib: int = 1,
@@ -105,6 +114,9 @@ class VLLMServerEngine(SamplingEngine):
                                ("startup_timeout", startup_timeout)):  # fmt: skip
             require(value > 0, f"sampler.engine.{setting} must be > 0 seconds, got {value!r}")
         require(1 <= port <= 65535 - servers, f"sampler.engine.port must be a free port number, got {port!r}")
+        require_one_of("sampler.engine.weight_transfer", weight_transfer, TRANSFERS)
+        require(1 <= transfer_port <= 65000,
+                f"sampler.engine.transfer_port must be a port number, got {transfer_port!r}")  # fmt: skip
         if cpu_cores is not None:
             for cores in cpu_cores:
                 core_set(cores)  # names the setting when a core does not exist
@@ -115,6 +127,10 @@ class VLLMServerEngine(SamplingEngine):
         self.port = port
         self.model = model
         self.timeouts = (request_timeout, retry_seconds, startup_timeout)
+        self.weight_transfer = weight_transfer
+        self.transfer_endpoint = (transfer_address, transfer_port)
+        self.transfer = "file"  # resolved for the trainer's device at setup
+        self.links: list[TransferLink] = []
         self.seed = seed
         self.options = VLLMOptions(dtype, enforce_eager, kv_cache_gib, max_model_len, seed, gpu_memory_utilization) \
             if urls is None else None  # fmt: skip
@@ -134,7 +150,8 @@ class VLLMServerEngine(SamplingEngine):
         policy = pl_module.policy
         dtype = self.options.resolved_dtype(policy, str(trainer.precision)) if self.options else "auto"
         self.snapshots.setup(trainer, pl_module, dtype)
-        first = self.snapshot_weights(trainer, pl_module)
+        self.transfer = resolve_transfer(self.weight_transfer, pl_module.device)
+        first = self.snapshots.take(trainer, pl_module)  # a file: what servers the engine starts load first
         request_timeout, retry_seconds, startup_timeout = self.timeouts
         if self.urls is None:
             require(trainer.world_size == 1,
@@ -155,6 +172,21 @@ class VLLMServerEngine(SamplingEngine):
         self._check_servers(policy, pl_module.tokenizer)
         self.loaded = None
         self.load_snapshot(first)
+        if self.transfer != "file":
+            self._open_links(trainer, self.snapshot_weights(trainer, pl_module))
+
+    def _open_links(self, trainer: pl.Trainer, version: WeightSnapshot) -> None:
+        """One vLLM transfer engine per server of this rank, opened with ``version``'s tensors, which it then
+        holds (so the sync after the first is checked like every other)."""
+        assert self.client is not None and version.tensors is not None
+        address, port = self.transfer_endpoint
+        address = address or ("127.0.0.1" if self.urls is None else socket.getfqdn())
+        first_port = port + trainer.global_rank * len(self.client.urls)
+        for index, url in enumerate(self.client.urls):
+            workers = server_workers(self.client.server_info(index), self.transfer, url)
+            self.links.append(TransferLink(self.transfer, url, version.tensors, workers, address, first_port + index,
+                                           self.timeouts[0]))  # fmt: skip
+        self.load_snapshot(version)
 
     def _check_servers(self, policy: nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
         """Refuse, at fit start, a server whose model cannot be the policy's: another name, another tokenizer (the
@@ -185,20 +217,25 @@ class VLLMServerEngine(SamplingEngine):
     def snapshot_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> WeightSnapshot:
         """The trainer's current weights, written for the servers (see ``WeightSnapshots.take``)."""
         started = time.perf_counter()
-        snapshot = self.snapshots.take(trainer, pl_module)
+        snapshot = self.snapshots.take(trainer, pl_module, in_memory=self.transfer != "file")
         with self._figures_lock:
             self._sync_figures["snapshot_s"] += time.perf_counter() - started
         return snapshot
 
     def load_snapshot(self, snapshot: WeightSnapshot) -> None:
-        """Every server reloads ``snapshot`` (unless they hold it already); the probe then checks each."""
+        """Every server loads ``snapshot`` (unless they hold it already); the probe then checks each."""
         if self.loaded is snapshot:
             return
         assert self.client is not None, "VLLMServerEngine.setup must run before its weights are synced"
         started = time.perf_counter()
         ids = self.snapshots.probe_ids().tolist()
         for index, url in enumerate(self.client.urls):
-            self.client.reload(index, snapshot.path)
+            if snapshot.path is not None:
+                self.client.reload(index, snapshot.path)
+            else:
+                assert snapshot.tensors is not None and self.links, "an in-memory version needs the transfer engines"
+                with self.client.paused(index):
+                    self.links[index].send(snapshot.tensors)
             engine = torch.tensor(self.client.prompt_logprobs(index, ids), dtype=torch.float32)  # [PROBE_LENGTH - 1]
             self.snapshots.check(snapshot, engine, where=f"the vLLM server {url}")
         self.loaded = snapshot
@@ -245,9 +282,12 @@ class VLLMServerEngine(SamplingEngine):
         """Stop the servers the engine started and remove its files (never raises)."""
         self.client = None
         self.loaded = None
+        for link in self.links:
+            link.close()
+        self.links = []
         self.snapshots.close()
         for process in self._started:
-            _stop(process)
+            stop_server(process)
         self._started = []
         for watchdog, pipe in self._watchdogs:
             os.close(pipe)
@@ -264,42 +304,29 @@ class VLLMServerEngine(SamplingEngine):
             context = json.load(handle).get("max_position_embeddings", 0)
         arguments = self.options.llm_arguments(weights, dtype, device, context)
         arguments.update(tokenizer=self._directory, load_format="safetensors", served_model_name=SERVED_NAME)
+        transfer_arguments, transfer_variables = server_flags(self.transfer)
+        arguments.update(transfer_arguments)
         urls, logs = [], []
         for index in range(self.servers):
             port = self.port + index
-            variables = {**engine_variables(False, device, self.options.kv_cache_gib), "VLLM_SERVER_DEV_MODE": "1"}
+            variables = {**engine_variables(False, device, self.options.kv_cache_gib), "VLLM_SERVER_DEV_MODE": "1",
+                         **transfer_variables}  # fmt: skip
             if self.cpu_cores is not None:
                 variables["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_cores[index]
             if self.devices is not None:
                 variables["CUDA_VISIBLE_DEVICES"] = self.devices[index]
             require_free(port, f"sampler.engine.port ({self.port}, server {index} on {self.port} + {index})")
             cores = core_set(self.cpu_cores[index]) if self.cpu_cores else None
-            with tempfile.NamedTemporaryFile(prefix=f"gspo_lightning_vllm_server_{port}_", suffix=".log",
-                                             delete=False) as log:  # fmt: skip
-                process = subprocess.Popen(
-                    serve_command(dict(arguments), port), env={**os.environ, **variables}, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_on_cores(cores),
-                )  # fmt: skip
+            process, log = start_server(serve_command(dict(arguments), port), variables, cores, port)
             self._started.append(process)
             watchdog = stop_with_this_process([-process.pid])  # its process group: the server and its engine core
             if watchdog is not None:
                 self._watchdogs.append(watchdog)
             urls.append(f"http://127.0.0.1:{port}")
-            logs.append(log.name)
+            logs.append(log)
         for url, process, log in zip(urls, self._started, logs):
-            _wait_until_healthy(url, process, log, self.timeouts[2])
+            wait_until_healthy(url, process, log, self.timeouts[2])
         return urls
-
-
-def require_free(port: int, setting: str) -> None:
-    """Refuse a port something already listens on: a server left from another run would answer in ours' place."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: connections closing
-        try:  # from an earlier server (TIME_WAIT) do not count, a listening socket does
-            probe.bind(("127.0.0.1", port))
-        except OSError as error:
-            raise SettingError(f"{setting}: port {port} on 127.0.0.1 is taken ({error.strerror}); choose another "
-                               "port or stop what listens there") from None  # fmt: skip
 
 
 def rank_servers(urls: list[str], rank: int, world_size: int) -> list[str]:
@@ -309,56 +336,3 @@ def rank_servers(urls: list[str], rank: int, world_size: int) -> list[str]:
             f"sampler.engine.urls lists {len(urls)} servers for {world_size} training ranks: each rank needs as many "
             "of its own (a multiple of the ranks)")  # fmt: skip
     return urls[rank::world_size]
-
-
-def serve_command(arguments: dict[str, Any], port: int) -> list[str]:
-    """``vllm serve`` with ``vllm.LLM``'s keyword ``arguments`` as its command-line flags."""
-    model = str(arguments.pop("model"))
-    try:  # `vllm serve`; the CPU build (the `vllm-cpu` distribution) breaks that CLI's version lookup
-        importlib.metadata.version("vllm")
-        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
-    except importlib.metadata.PackageNotFoundError:
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-    command += ["--host", "127.0.0.1", "--port", str(port)]
-    for key, value in arguments.items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            command.append(flag if value else "--no-" + key.replace("_", "-"))
-        else:
-            command += [flag, str(value)]
-    return command
-
-
-def _on_cores(cores: set[int] | None) -> Any:
-    if cores is None:
-        return None
-    return lambda: os.sched_setaffinity(0, cores)
-
-
-def _wait_until_healthy(url: str, process: subprocess.Popen, log: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            with open(log, errors="replace") as handle:
-                lines = [line.strip() for line in handle if line.strip()]
-            said = lines[-1][:300] if lines else "nothing"
-            raise ServerError(f"the vLLM server for {url} exited with code {process.returncode} while starting; its "
-                              f"last line: {said} (its log: {log})")  # fmt: skip
-        try:
-            get(url, "/health", timeout=5)
-            return
-        except (OSError, ValueError):
-            time.sleep(1.0)
-    raise ServerError(f"the vLLM server for {url} did not answer /health within {timeout:g} s "
-                      f"(sampler.engine.startup_timeout; its log: {log})")  # fmt: skip
-
-
-def _stop(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired, PermissionError):
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass

@@ -4,7 +4,10 @@ engine holds them.
 Used by every engine that does not share the trainer's memory (``vllm_process``, ``vllm_server`` on CPUs): the
 trainer writes each version once, as safetensors, to shared memory (``/dev/shm`` where there is one), and the
 engine's loader reads it (vLLM's ``collective_rpc("reload_weights", weights_path=...)``). It costs a write and a
-read of the weights per version: negligible for small models, and on GPUs a full copy through host memory.
+read of the weights per version: negligible for small models, and on GPUs a full copy through host memory. Engines
+whose weights travel through vLLM's transfer engines instead (``vllm_server`` with NCCL or CUDA IPC,
+:mod:`gspo_lightning.engines.weight_transfer`) take versions in memory: the full tensors copied on the trainer's
+device, in the engine's dtype, sent when the version is loaded.
 
 After every load a probe checks that the engine holds the trainer's weights: the log-probs of a fixed token
 sequence (``PROBE_LENGTH`` tokens) under the engine's weights (its prompt log-probs) against the trainer's,
@@ -46,15 +49,17 @@ class WeightSnapshot:
 
     Attributes:
         step: the trainer's global step when it was taken.
-        path: the directory holding ``config.json`` and ``model.safetensors``.
+        path: the directory holding ``config.json`` and ``model.safetensors``; None for a version in memory.
         probe_logprobs: [PROBE_LENGTH - 1] float32, the trainer's log-probs of the probe's tokens.
-        nbytes: bytes of the tensors written.
+        nbytes: bytes of the tensors written (or held).
+        tensors: a version in memory: full tensors under Hugging Face names, on the trainer's device; else None.
     """
 
     step: int
-    path: str
+    path: str | None
     probe_logprobs: Tensor
     nbytes: int = 0
+    tensors: dict[str, Tensor] | None = None
     _finalizer: Any = field(default=None, repr=False)
 
 
@@ -91,27 +96,36 @@ class WeightSnapshots:
         self.probe = probe_tokens(base_model(pl_module.policy).config.vocab_size, len(pl_module.tokenizer))
 
     @torch.no_grad()
-    def take(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> WeightSnapshot:
-        """The trainer's current weights, written, with the trainer's probe log-probs. Every training rank calls
-        this at the same point (a sharded policy is gathered one layer at a time)."""
+    def take(self, trainer: pl.Trainer, pl_module: pl.LightningModule, in_memory: bool = False) -> WeightSnapshot:
+        """The trainer's current weights, written (``in_memory``: copied on the trainer's device, in the engine's
+        dtype), with the trainer's probe log-probs. Every training rank calls this at the same point (a sharded
+        policy is gathered one layer at a time)."""
+        if in_memory:
+            dtype = getattr(torch, self.engine_dtype, None) if self.engine_dtype != "auto" else None
+            tensors = {name: tensor.detach().to(dtype=dtype, copy=True)
+                       for group in policy_weight_groups(pl_module.policy, self._fsdp1) for name, tensor in group}
+            return WeightSnapshot(trainer.global_step, None, self._probe(trainer, pl_module), _bytes(tensors), tensors)
         path = tempfile.mkdtemp(prefix="gspo_lightning_weights_", dir=self.directory)
         self._paths = [p for p in self._paths if os.path.exists(p)] + [path]
         try:
-            tensors: dict[str, Tensor] = {}
+            tensors = {}
             for group in policy_weight_groups(pl_module.policy, self._fsdp1):
                 for name, tensor in group:  # copied: a group's tensors may be live parameters or freed shards
                     tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
-            nbytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
+            nbytes = _bytes(tensors)
             write_checkpoint(path, base_model(pl_module.policy), tensors)
             del tensors
-            with inference_context(trainer):
-                expected = probe_logprobs(pl_module.policy, self.probe_ids(), pl_module.device)  # [PROBE_LENGTH - 1]
+            expected = self._probe(trainer, pl_module)
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
         snapshot = WeightSnapshot(trainer.global_step, path, expected, nbytes)
         snapshot._finalizer = weakref.finalize(snapshot, shutil.rmtree, path, True)
         return snapshot
+
+    def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Tensor:
+        with inference_context(trainer):
+            return probe_logprobs(pl_module.policy, self.probe_ids(), pl_module.device)  # [PROBE_LENGTH - 1]
 
     def check(self, snapshot: WeightSnapshot, engine_logprobs: Tensor, where: str = "the engine") -> None:
         """Raise unless ``engine_logprobs`` [PROBE_LENGTH - 1] (the engine's, of the probe) are the trainer's."""
@@ -134,6 +148,10 @@ class WeightSnapshots:
         for path in self._paths:
             shutil.rmtree(path, ignore_errors=True)
         self._paths = []
+
+
+def _bytes(tensors: dict[str, Tensor]) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
 
 
 def write_checkpoint(path: str, model: nn.Module, tensors: dict[str, Tensor]) -> None:

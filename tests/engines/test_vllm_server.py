@@ -14,7 +14,8 @@ import torch
 from gspo_lightning.engines import ENGINES, VLLMServerEngine, resolve_engine
 from gspo_lightning.engines.base import SamplingSettings
 from gspo_lightning.engines.server_client import Servers, ServerError, completion_request
-from gspo_lightning.engines.vllm_server import rank_servers, require_free, serve_command
+from gspo_lightning.engines.server_launch import require_free, serve_command
+from gspo_lightning.engines.vllm_server import rank_servers
 from tests.engines.fake_vllm_server import Behaviour, FakeVLLMServer, fake_ids, fake_tokens
 
 SETTINGS = SamplingSettings(max_new_tokens=3, temperature=1.0)
