@@ -320,3 +320,19 @@ def run_and_report(
     (here / "progress.jsonl").unlink(missing_ok=True)  # complete: curves.csv now holds every run
     plot(curves, here / png)
     print_table(rows, columns)
+
+
+def save_random_qwen3(directory: Path, shape: dict) -> None:
+    """A random Qwen3 of ``shape`` (``Qwen3Config`` keywords) in bfloat16 and a character tokenizer with a chat
+    template, saved as a Hugging Face checkpoint for ``gspo_lightning.models.Pretrained`` (nothing downloaded)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from gspo_lightning.models import TinyQwen3
+    from gspo_lightning.models.char_tokenizer import ASCII_ALPHABET, SIMPLE_CHAT_TEMPLATE
+
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(Qwen3Config(**shape)).to(torch.bfloat16).save_pretrained(directory)
+    tokenizer = TinyQwen3(alphabet=ASCII_ALPHABET, chat_template=SIMPLE_CHAT_TEMPLATE,
+                          max_position_embeddings=shape["max_position_embeddings"]).load_tokenizer()  # fmt: skip
+    tokenizer.save_pretrained(directory)

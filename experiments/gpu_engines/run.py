@@ -41,6 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "experiments"))
+from common import save_random_qwen3  # noqa: E402
+
 SHAPE = dict(vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
              intermediate_size=3072, head_dim=128, max_position_embeddings=512, tie_word_embeddings=True)  # fmt: skip
 TINY_SHAPE = dict(SHAPE, vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -56,21 +59,6 @@ def engines(server_gpu: str) -> dict[str, dict]:
         "server_ipc": {**server, "init_args": {**server["init_args"], "weight_transfer": "ipc"}},
         "server_nccl": {**server, "init_args": {**server["init_args"], "weight_transfer": "nccl"}},
     }  # fmt: skip
-
-
-def save_model(directory: Path, shape: dict) -> None:
-    """A random Qwen3 of ``shape`` and a character tokenizer, saved as a Hugging Face checkpoint."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from gspo_lightning.models import TinyQwen3
-    from gspo_lightning.models.char_tokenizer import ASCII_ALPHABET, SIMPLE_CHAT_TEMPLATE
-
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(Qwen3Config(**shape)).to(torch.bfloat16).save_pretrained(directory)
-    tokenizer = TinyQwen3(alphabet=ASCII_ALPHABET, chat_template=SIMPLE_CHAT_TEMPLATE,
-                          max_position_embeddings=shape["max_position_embeddings"]).load_tokenizer()  # fmt: skip
-    tokenizer.save_pretrained(directory)
 
 
 def command(engine: dict, model: Path, steps: int, accelerator: str) -> list[str]:
@@ -152,7 +140,7 @@ def check(work: Path) -> int:
     """Every variant's command, on a tiny model, parsed and type-checked by the CLI (``--print_config``: the
     engines' settings against their signatures); nothing is built, so no GPU is needed."""
     model = work / "tiny"
-    save_model(model, TINY_SHAPE)
+    save_random_qwen3(model, TINY_SHAPE)
     failed = 0
     for name, engine in engines("0").items():
         result = subprocess.run([*command(engine, model, 8, "gpu"), "--print_config"], capture_output=True,
@@ -177,7 +165,7 @@ def main() -> int:
     if args.check:
         return check(work)
     model = work / "qwen3_0.6b_shape"
-    save_model(model, SHAPE)
+    save_random_qwen3(model, SHAPE)
     rows = [run_one(name, engines(args.server_gpu)[name], model, args.steps, work, args.timeout)
             for name in args.engines]  # fmt: skip
     for row in rows:

@@ -2,6 +2,7 @@
 
 A round of sampling, in the order it happens (``GroupSampler`` and ``HeldOutEvaluation`` drive it):
 
+    engine.reserve(need)                     before setup: what a round holds at once (an engine may size by it)
     engine.setup(trainer, module)            once, at fit start: build the engine for this policy
     engine.before_rollout(trainer, module)   every round: wake it, and bring it the trainer's current weights
     engine.sample(...)                       G responses per prompt -> EngineSamples
@@ -66,6 +67,25 @@ class SamplingSettings:
         )
 
 
+@dataclass(frozen=True)
+class RoundNeed:
+    """What one sampling round holds at once, for an engine that sizes its memory by it (vLLM's KV cache).
+
+    Attributes:
+        sequences: sequences sampled together (P x G responses, or episodes).
+        tokens: tokens one of them may reach (its prompt with ``max_new_tokens``, or an episode's budget).
+    """
+
+    sequences: int
+    tokens: int
+
+    def merged(self, other: RoundNeed | None) -> RoundNeed:
+        """The larger of both on each count (a sampler's and an evaluation's need of one engine)."""
+        if other is None:
+            return self
+        return RoundNeed(max(self.sequences, other.sequences), max(self.tokens, other.tokens))
+
+
 @dataclass
 class EngineSamples:
     """What an engine drew: ``group_size`` responses per prompt, prompt i's at rows i*G .. i*G + G - 1.
@@ -110,6 +130,15 @@ class SamplingEngine(ABC):
     """Whether the engine samples beside training, on a thread of the trainer's process, from weights handed over
     with ``snapshot_weights`` / ``load_snapshot`` (it never runs the trainer's policy): what
     ``sampler.asynchronous.mode: streaming`` needs, and what lets fixed lag overlap sampling with training."""
+
+    need: RoundNeed | None = None
+    """What a round holds at once, as the callbacks that sample with this engine ``reserve`` it."""
+
+    def reserve(self, need: RoundNeed) -> None:
+        """Before ``setup``: a round of ``need`` will be sampled (the largest of every caller's is kept). An engine
+        that sizes its memory reads ``self.need`` when it is built; one reserved after that samples larger
+        rounds in waves."""
+        self.need = need.merged(self.need)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Once, when training starts (the policy exists): build what the engine needs."""

@@ -40,7 +40,7 @@ class VLLMEngine(SamplingEngine):
 
     Args:
         gpu_memory_utilization: fraction of the GPU's memory the engine may take (weights and KV cache), in (0, 1];
-            the rest stays for training. Ignored on CPUs (see ``kv_cache_gib``).
+            the rest stays for training; caps the KV cache sized from a round. Ignored on CPUs.
         tensor_parallel_size: GPUs one engine spans (>= 1; must divide the number of training ranks). 1: one engine
             per rank (DDP, FSDP1, FSDP2); > 1: vLLM's ``external_launcher`` shards it over consecutive ranks.
         dtype: the engine's weights and activations: ``auto`` (the policy's), ``float32``, ``bfloat16``,
@@ -49,7 +49,10 @@ class VLLMEngine(SamplingEngine):
             GPUs.
         sleep_mode: free the engine's GPU memory between rounds (None: on GPUs yes, on CPUs no, where vLLM has no
             sleep mode).
-        kv_cache_gib: CPU only: whole GiB of KV cache (``VLLM_CPU_KVCACHE_SPACE``).
+        kv_cache_gib: GiB of KV cache (e.g. 0.5 or 8); null: sized from what a round holds (P x G sequences of
+            prompt plus ``max_new_tokens``, or an episode's budget, all at once), at least one context-long sequence,
+            and at most half the memory left (CPUs) or half of ``gpu_memory_utilization``'s share (GPUs; past that,
+            vLLM's own sizing, and a round in waves).
         max_model_len: the engine's context length (None: the policy's).
         seed: seeds every request's sampler together with the round and the rank (reproducible runs).
 
@@ -68,7 +71,7 @@ class VLLMEngine(SamplingEngine):
         dtype: VLLMDtype = "auto",
         enforce_eager: bool | None = None,
         sleep_mode: bool | None = None,
-        kv_cache_gib: int = 1,
+        kv_cache_gib: float | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
     ) -> None:
@@ -103,7 +106,7 @@ class VLLMEngine(SamplingEngine):
         self._world_size = world
         if pl_module.device.type == "cpu":
             check_cpu_head_size(pl_module.policy)
-        variables = engine_variables(True, pl_module.device, self.options.kv_cache_gib)
+        variables = engine_variables(True)
         if world > 1:  # the torch.distributed environment Lightning set up, for vLLM's external_launcher
             ranks = {"RANK": trainer.global_rank, "LOCAL_RANK": trainer.local_rank, "WORLD_SIZE": world}
             variables.update({name: os.environ.get(name, str(value)) for name, value in ranks.items()})
@@ -175,9 +178,8 @@ class VLLMEngine(SamplingEngine):
         config.architectures = [architecture(base)]  # a model built from a config alone does not name it
         config.save_pretrained(self._directory)  # the architecture only: weights come from the trainer
         tokenizer.save_pretrained(self._directory)
-        context = getattr(base.config, "max_position_embeddings", 0)
         arguments = self.options.llm_arguments(self._directory, self.options.resolved_dtype(policy, precision),
-                                               device, context)  # fmt: skip
+                                               device, base.config.to_dict(), self.need)  # fmt: skip
         arguments.update(load_format="dummy", enable_sleep_mode=self._sleep_enabled,
                          tensor_parallel_size=self.tensor_parallel_size)  # fmt: skip
         if self._world_size > 1:

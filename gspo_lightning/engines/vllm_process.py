@@ -55,7 +55,7 @@ class VLLMProcessEngine(SamplingEngine):
         self,
         dtype: VLLMDtype = "auto",
         enforce_eager: bool | None = None,
-        kv_cache_gib: int = 1,
+        kv_cache_gib: float | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
         gpu_memory_utilization: float = 0.9,
@@ -159,10 +159,10 @@ class VLLMProcessEngine(SamplingEngine):
 
     def _build_process(self, path: str, device: torch.device, local_rank: int) -> Any:
         with open(os.path.join(path, "config.json")) as handle:
-            context = json.load(handle).get("max_position_embeddings", 0)
-        arguments = self.options.llm_arguments(path, self.snapshots.engine_dtype, device, context)
+            config = json.load(handle)
+        arguments = self.options.llm_arguments(path, self.snapshots.engine_dtype, device, config, self.need)
         arguments.update(tokenizer=self._directory, load_format="safetensors")
-        variables = engine_variables(False, device, self.options.kv_cache_gib)
+        variables = engine_variables(False)
         cores = None
         if device.type == "cpu" and self.cpu_cores is not None:
             cores = core_set(self.cpu_cores)

@@ -97,7 +97,7 @@ class VLLMServerEngine(SamplingEngine):
         transfer_port: int = 29700,
         dtype: VLLMDtype = "auto",
         enforce_eager: bool | None = None,
-        kv_cache_gib: int = 1,
+        kv_cache_gib: float | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
         gpu_memory_utilization: float = 0.9,
@@ -301,16 +301,15 @@ class VLLMServerEngine(SamplingEngine):
         """Start ``servers`` vLLM servers from the checkpoint at ``weights``; their URLs once all answer."""
         assert self.options is not None and self._directory is not None
         with open(os.path.join(weights, "config.json")) as handle:
-            context = json.load(handle).get("max_position_embeddings", 0)
-        arguments = self.options.llm_arguments(weights, dtype, device, context)
+            config = json.load(handle)
+        arguments = self.options.llm_arguments(weights, dtype, device, config, self.need)
         arguments.update(tokenizer=self._directory, load_format="safetensors", served_model_name=SERVED_NAME)
         transfer_arguments, transfer_variables = server_flags(self.transfer)
         arguments.update(transfer_arguments)
         urls, logs = [], []
         for index in range(self.servers):
             port = self.port + index
-            variables = {**engine_variables(False, device, self.options.kv_cache_gib), "VLLM_SERVER_DEV_MODE": "1",
-                         **transfer_variables}  # fmt: skip
+            variables = {**engine_variables(False), "VLLM_SERVER_DEV_MODE": "1", **transfer_variables}
             if self.cpu_cores is not None:
                 variables["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_cores[index]
             if self.devices is not None:

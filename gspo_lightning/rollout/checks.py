@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from gspo_lightning.engines.base import SamplingEngine
+from gspo_lightning.engines.base import RoundNeed, SamplingEngine
 from gspo_lightning.rollout.data_contract import DataSide
 from gspo_lightning.rewards.columns import check_reward_columns
 from gspo_lightning.objectives import ADVANTAGE_SCALES
@@ -197,6 +197,20 @@ def check_prompt_lengths(data: DataSide, tokenizer: Any, context: int | None, ma
                 f"({len(over)} prompt(s) of the split do); set sampler.prompt_overflow to 'truncate' or "
                 f"'skip' (allowed: {list(PROMPT_OVERFLOWS)}), shorten those prompts or lower model.max_new_tokens"
             )
+
+
+def round_need(data: DataSide, tokenizer: Any, split: str, sequences: int, new_tokens: int,
+               context: int | None) -> RoundNeed:  # fmt: skip
+    """What a round of ``sequences`` of ``split`` holds at once, for the engine's memory: each sequence up to the
+    split's longest prompt (tokenised as sampling tokenises it) with ``new_tokens``, within ``context``; the
+    context itself where the data module does not list its prompts."""
+    longest = None
+    if data.offers("prompt_chunks"):
+        longest = max((n for _, n, _ in _prompt_lengths(data, tokenizer, split)), default=0) + new_tokens
+    tokens = longest if longest is not None else context
+    if tokens is not None and context is not None:
+        tokens = min(tokens, context)
+    return RoundNeed(sequences, tokens or new_tokens)
 
 
 def _prompt_lengths(data: DataSide, tokenizer: Any, split: str) -> Iterator[tuple[int, int, Any]]:

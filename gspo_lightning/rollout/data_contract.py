@@ -29,11 +29,13 @@ class SamplerData(Protocol):
     Attributes:
         prompts_per_rollout: P, prompts per round and rank: ``sampler.num_minibatches`` must divide P x G
             (checked before the policy is built).
+        eval_batch_size: held-out prompts per evaluation batch (optional: an engine sizes its memory by it).
         formatter: the prompts' format: chat prompts need a tokenizer with a chat template.
         source: the task the prompts come from (a warm-start policy checks it was trained on the same task).
     """
 
     prompts_per_rollout: int
+    eval_batch_size: int
     formatter: PromptFormat
     source: Any
 
@@ -90,6 +92,9 @@ class DataSide:
     def prompts_per_rollout(self) -> int | None:
         return self.datamodule.prompts_per_rollout if self.offers("prompts_per_rollout") else None
 
+    def eval_batch_size(self) -> int | None:
+        return self.datamodule.eval_batch_size if self.offers("eval_batch_size") else None
+
     def chat(self) -> bool:
         return self.offers("formatter") and bool(getattr(self.datamodule.formatter, "chat", False))
 
@@ -103,6 +108,7 @@ class DataSide:
 METHODS = ("column_names", "describe_split", "prompt_chunks", "rollout_batch", "draw_prompts", "heldout_dataloader")
 MEMBERS: dict[str, str] = {
     "prompts_per_rollout": "prompts_per_rollout (prompts per round)",
+    "eval_batch_size": "eval_batch_size (held-out prompts per batch)",
     "formatter": "formatter (its prompts' format)",
     "source": "source (its task)",
     "column_names": "column_names(split)",

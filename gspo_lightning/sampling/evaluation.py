@@ -13,14 +13,14 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
-from gspo_lightning.engines.base import SamplingSettings
+from gspo_lightning.engines.base import RoundNeed, SamplingSettings
 from gspo_lightning.episodes.rewards import environment_reward
 from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.metrics import PassAtK
-from gspo_lightning.rollout.checks import check_data_columns, validate_evaluation
+from gspo_lightning.rollout.checks import check_data_columns, round_need, validate_evaluation
 from gspo_lightning.rollout.data_contract import DataSide
 from gspo_lightning.rollout.trajectories import sample_and_score_trajectories, trajectory_run
-from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring
+from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length
 from gspo_lightning.sampling.sampler import GroupSampler
 from gspo_lightning.validation import SettingError
 from gspo_lightning.rollout.state import evaluation_seed, isolated_rng
@@ -138,8 +138,24 @@ class HeldOutEvaluation(Callback):
         return default_correct(sampler.episodes if sampler is not None else None)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        DataSide(trainer.datamodule).needs("heldout_dataloader", "evaluation (HeldOutEvaluation)")
-        self._engine_of(trainer).setup(trainer, pl_module)  # once: the sampler's may already be set up
+        data = DataSide(trainer.datamodule)
+        data.needs("heldout_dataloader", "evaluation (HeldOutEvaluation)")
+        engine = self._engine_of(trainer)
+        engine.reserve(self._round_need(trainer, pl_module, data))
+        sampler = _training_sampler(trainer)
+        if sampler is None or engine is not sampler.engine:
+            engine.setup(trainer, pl_module)  # the sampler sets its own up (with this need too, when this runs first)
+
+    def _round_need(self, trainer: pl.Trainer, pl_module: pl.LightningModule, data: DataSide) -> RoundNeed:
+        """An evaluation batch's sequences at their longest (as ``GroupSampler._round_need``)."""
+        sequences = (data.eval_batch_size() or 1) * self.samples_per_prompt
+        context = context_length(pl_module.policy, pl_module.tokenizer)
+        budget = self.sampling_settings(pl_module).max_new_tokens
+        sampler = _training_sampler(trainer)
+        episodes = sampler.episodes if sampler is not None else None
+        if episodes is not None:
+            return RoundNeed(sequences, episodes.episode_budget(context) or budget)
+        return round_need(data, pl_module.tokenizer, "eval", sequences, budget, context)
 
     def _engine_of(self, trainer: pl.Trainer) -> SamplingEngine:
         """Its own engine, else the training sampler's (one engine, one copy of the weights), else ``hf``."""

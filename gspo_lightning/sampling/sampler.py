@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import Callback
 from gspo_lightning.asynchronous import AsyncRollouts
 from gspo_lightning.asynchronous.rounds import FixedLagRounds, StreamingRounds
 from gspo_lightning.engines import EngineName, SamplingEngine, resolve_engine
+from gspo_lightning.engines.base import RoundNeed
 from gspo_lightning.episodes.settings import EpisodeSettings
 from gspo_lightning.metric_logging import log_across_ranks, shows_progress_bar
 from gspo_lightning.objectives import AdvantageScale
@@ -225,7 +226,16 @@ class GroupSampler(Callback):
         for reward in self.rewards:  # e.g. LengthPenalty counts the policy's tokens
             if callable(getattr(reward, "setup", None)):
                 reward.setup(module.tokenizer)
+        self.engine.reserve(self._round_need(data, module.tokenizer, context, module.max_new_tokens))
         self.engine.setup(trainer, pl_module)
+
+    def _round_need(self, data: DataSide, tokenizer: Any, context: int | None, max_new_tokens: int) -> RoundNeed:
+        """A round's P x G sequences at their longest: prompt with ``max_new_tokens``, or an episode's budget."""
+        sequences = (data.prompts_per_rollout() or 1) * self.group_size
+        if self.round.episodes is not None:
+            budget = self.round.episodes.episode_budget(context)
+            return RoundNeed(sequences, budget or max_new_tokens)
+        return checks.round_need(data, tokenizer, "train", sequences, max_new_tokens, context)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.source.close()  # before the engine: a background job may be using it

@@ -44,7 +44,7 @@ def test_vllm_without_vllm_installed_names_the_extra_when_the_config_is_read(tmp
         ({"gpu_memory_utilization": 1.5}, r"sampler.engine.gpu_memory_utilization must be in \(0, 1\], got 1.5"),
         ({"gpu_memory_utilization": 0.0}, r"sampler.engine.gpu_memory_utilization must be in \(0, 1\], got 0.0"),
         ({"tensor_parallel_size": 0}, r"sampler.engine.tensor_parallel_size must be an integer >= 1, got 0"),
-        ({"kv_cache_gib": 0}, r"sampler.engine.kv_cache_gib must be an integer >= 1, got 0"),
+        ({"kv_cache_gib": 0}, r"sampler.engine.kv_cache_gib must be > 0 \(GiB\) or null \(sized from a round\), got 0"),
     ],
 )
 def test_vllm_options_out_of_range_fail_when_the_config_is_read(options, message, tmp_path, monkeypatch):
@@ -73,20 +73,19 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_ranks_is_refused_before
 def test_vllms_environment_is_set_while_an_engine_is_built_read_fresh_and_put_back(monkeypatch):
     """A colocated engine built in this process makes vLLM cache its environment (in-process core: 0); a process
     engine built after it must still read its own (1), and neither leaves its variables behind."""
-    import torch
     from vllm import envs
 
     from gspo_lightning.engines.vllm_options import engine_variables, vllm_environment
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # the user's: kept
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    in_process = engine_variables(True, torch.device("cpu"), 1)
-    assert in_process == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "3"}
+    in_process = engine_variables(True)
+    assert in_process == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the KV cache is an engine argument now
     try:
         with vllm_environment(in_process):
             assert envs.VLLM_ENABLE_V1_MULTIPROCESSING is False
             envs.enable_envs_cache()  # what an in-process engine core does once it has started
-        with vllm_environment(engine_variables(False, torch.device("cpu"), 1) | {"VLLM_CPU_OMP_THREADS_BIND": "1"}):
+        with vllm_environment(engine_variables(False) | {"VLLM_CPU_OMP_THREADS_BIND": "1"}):
             assert envs.VLLM_ENABLE_V1_MULTIPROCESSING is True and envs.VLLM_CPU_OMP_THREADS_BIND == "1"
     finally:
         envs.disable_envs_cache()
@@ -94,4 +93,4 @@ def test_vllms_environment_is_set_while_an_engine_is_built_read_fresh_and_put_ba
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     with pytest.warns(UserWarning, match="VLLM_ENABLE_V1_MULTIPROCESSING is overridden to 0"):
-        engine_variables(True, torch.device("cpu"), 1)
+        engine_variables(True)

@@ -138,7 +138,8 @@ def test_an_in_memory_version_holds_the_files_tensors_in_the_engines_dtype_and_t
     from gspo_lightning.engines.weight_snapshots import WeightSnapshots
 
     snapshots = WeightSnapshots(None, None)
-    trainer = SimpleNamespace(global_step=5, strategy=None, precision_plugin=SimpleNamespace(forward_context=nullcontext))
+    plugin = SimpleNamespace(forward_context=nullcontext)
+    trainer = SimpleNamespace(global_step=5, strategy=None, precision_plugin=plugin)
     module = SimpleNamespace(policy=policy, tokenizer=tokenizer, device=CPU)
     snapshots.setup(trainer, module, "bfloat16")
     written, held = snapshots.take(trainer, module), snapshots.take(trainer, module, in_memory=True)
