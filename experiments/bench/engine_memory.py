@@ -28,30 +28,27 @@ sys.path.insert(0, str(ROOT / "experiments"))
 OUTPUT = Path(__file__).with_name("engine_memory_output.txt")
 SHAPE = dict(vocab_size=151936, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=768, head_dim=64, max_position_embeddings=512, tie_word_embeddings=True)  # fmt: skip
-ENGINES = {
-    "hf": {"class_path": "gspo_lightning.engines.HFEngine"},
-    "vllm (sized from the round)": {"class_path": "gspo_lightning.engines.VLLMEngine"},
-    "vllm (kv_cache_gib: 1, as before)": {"class_path": "gspo_lightning.engines.VLLMEngine",
-                                          "init_args": {"kv_cache_gib": 1}},
-}  # fmt: skip
+ENGINES = {  # name: (engine, its arguments)
+    "hf": ("hf", {}),
+    "vllm (sized from the round)": ("vllm", {}),
+    "vllm (kv_cache_gib: 1, as before)": ("vllm", {"kv_cache_gib": 1}),
+}
 
 
-def worker(model: str, engine: dict) -> dict:
+def worker(model: str, engine: list) -> dict:
     """One training run in this process; its peak resident memory and the KV cache vLLM was given."""
     import lightning.pytorch as pl
     import torch
-    from jsonargparse import ArgumentParser
-
     from gspo_lightning import GroupSampler, GSPOModule
     from gspo_lightning.data import ArithmeticTask, PromptDataModule
-    from gspo_lightning.engines import SamplingEngine, VLLMEngine
+    from gspo_lightning.engines import ENGINES as BY_NAME
+    from gspo_lightning.engines import VLLMEngine
     from gspo_lightning.engines.vllm_options import kv_cache_bytes
     from gspo_lightning.models import Pretrained
     from tests.fault_helpers import length_reward
 
-    parser = ArgumentParser()
-    parser.add_argument("--engine", type=SamplingEngine)
-    built = parser.instantiate_classes(parser.parse_object({"engine": engine})).engine
+    name, arguments = engine
+    built = BY_NAME[name](**arguments)
     torch.manual_seed(0)
     module = GSPOModule(Pretrained(model), max_new_tokens=256, log_entropy=False)
     data = PromptDataModule(ArithmeticTask(num_digits=3, train_size=256, eval_size=8), "{question}=",

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationConfig, GenerationMixin, PreTrainedTokenizerBase, cache_utils
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
+from transformers import cache_utils
 
 from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, ended_with_eos
 from gspo_lightning.logprobs import position_ids_from_mask, token_logprobs
@@ -152,11 +153,44 @@ def generate_with_logprobs(
             :func:`gspo_lightning.logprobs.token_logprobs` defines them. Positions after EOS hold junk.
     """
     config = settings.generation_config(tokenizer)
-    config.return_dict_in_generate, config.output_logits = True, True
-    output = generate_groups(policy, prompt_ids, prompt_mask, config, synced_gpus, group_size, share_prefill)
-    response_ids = output.sequences[:, prompt_ids.shape[1] :]  # [P * G, R]
-    logits = torch.stack(output.logits, dim=1)  # [P * G, R, V] raw scores, one step per response position
-    return response_ids, token_logprobs(logits, response_ids, settings.temperature or 1.0)
+    recorder = SampledLogprobs(settings.temperature or 1.0)
+    sequences = generate_groups(
+        policy, prompt_ids, prompt_mask, config, synced_gpus, group_size, share_prefill, LogitsProcessorList([recorder])
+    )  # [P * G, Lp + R]
+    response_ids = sequences[:, prompt_ids.shape[1] :]  # [P * G, R]
+    return response_ids, recorder.logprobs(response_ids[:, -1])
+
+
+class SampledLogprobs(LogitsProcessor):
+    """Records the log-prob of each sampled token from the logits ``generate`` sampled it from, one step behind.
+
+    ``output_logits`` would keep every step's logits, [N, R, V] float32 (10 GB at 64 x 256 tokens and Qwen3's
+    vocabulary); this keeps one step's, [N, V]: the token sampled from step t's logits is the last column of the
+    ids step t + 1 is called with, and the last one is passed to :meth:`logprobs`. Placed after ``generate``'s
+    own processors, all neutral under :meth:`SamplingSettings.generation_config`, and before its warpers
+    (temperature, top-k, top-p), it sees the raw float32 logits that ``output_logits`` would have held.
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.previous: Tensor | None = None  # [N, V] logits of the step whose token is not yet known
+        self.steps: list[Tensor] = []  # [N] per response position
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self.previous is not None:
+            self.steps.append(self._chosen(input_ids[:, -1]))
+        self.previous = scores.clone()  # [N, V]; later warpers may write in place
+        return scores
+
+    def _chosen(self, tokens: Tensor) -> Tensor:
+        assert self.previous is not None
+        return token_logprobs(self.previous.unsqueeze(1), tokens.unsqueeze(1), self.temperature).squeeze(1)  # [N]
+
+    def logprobs(self, last_tokens: Tensor) -> Tensor:
+        """[N, R] float32 log-probs of the response, given its last column's tokens [N]."""
+        steps = [*self.steps, self._chosen(last_tokens)] if self.previous is not None else self.steps
+        self.previous, self.steps = None, []
+        return torch.stack(steps, dim=1)  # [N, R]
 
 def generate_groups(
     policy: nn.Module,
@@ -166,6 +200,7 @@ def generate_groups(
     synced_gpus: bool = False,
     group_size: int = 1,
     share_prefill: bool = False,
+    logits_processor: LogitsProcessorList | None = None,
 ) -> Any:
     """``policy.generate`` on each left-padded prompt repeated ``group_size`` times in a row.
 
@@ -196,6 +231,7 @@ def generate_groups(
             attention_mask=mask.repeat_interleave(group_size, dim=0),  # [P * G, Lp']
             generation_config=config,
             synced_gpus=synced_gpus,
+            logits_processor=logits_processor,
             **prefilled,
         )
     return _drop_first_column(output) if ids.shape[1] > prompt_ids.shape[1] else output

@@ -209,3 +209,45 @@ def test_shared_prefill_refuses_a_recurrent_state_cache(tokenizer):
     with pytest.warns(UserWarning, match="without sharing the prompt prefill"):
         generate_responses(policy, tokenizer, ids, mask, settings, group_size=GROUP, share_prefill=True)
     assert _passed_cache(policy.generate_kwargs) is None and len(policy.generate_kwargs["input_ids"]) == 2 * GROUP
+
+
+def _logprobs_from_output_logits(policy, tokenizer, ids, mask, settings, share_prefill):
+    """The former path: every step's raw logits kept by ``generate`` ([N, R, V]), scored afterwards."""
+    from gspo_lightning.logprobs import token_logprobs
+
+    config = settings.generation_config(tokenizer)
+    config.return_dict_in_generate, config.output_logits = True, True
+    output = generate_groups(policy, ids, mask, config, False, GROUP, share_prefill)
+    responses = output.sequences[:, ids.shape[1] :]  # [N, R]
+    logits = torch.stack(output.logits, dim=1)  # [N, R, V]
+    return responses, token_logprobs(logits, responses, settings.temperature or 1.0)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SamplingSettings(max_new_tokens=7, temperature=0.7, top_p=0.9, top_k=20),
+        SamplingSettings(max_new_tokens=7, temperature=1.3),
+        SamplingSettings(max_new_tokens=7, temperature=0.0),
+    ],
+    ids=["warped", "plain", "greedy"],
+)
+@pytest.mark.parametrize("share_prefill", [False, True])
+def test_sampled_logprobs_equal_the_kept_logits_path(sharp_policy, tokenizer, settings, share_prefill):
+    """One step's logits held at a time give what holding all of them gave: same tokens, same log-probs, rows
+    that ended early included (their positions after EOS are junk in both and are compared under the mask)."""
+    ids, mask = encode_prompts(tokenizer, ["7", "1+1=", "123+456="], "cpu")
+    torch.manual_seed(3)
+    want_ids, want = _logprobs_from_output_logits(sharp_policy, tokenizer, ids, mask, settings, share_prefill)
+    torch.manual_seed(3)
+    calls = _spy_generate(sharp_policy)
+    got_ids, got = generate_with_logprobs(
+        sharp_policy, tokenizer, ids, mask, settings, group_size=GROUP, share_prefill=share_prefill
+    )  # [9, R] x2
+    assert not calls[0]["generation_config"].output_logits  # memory O(N x V), not O(N x R x V)
+    assert torch.equal(got_ids, want_ids)
+    kept, _ = response_mask_until_eos(got_ids, tokenizer.eos_token_id)  # [9, R]
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.equal(got[kept.bool()], want[kept.bool()])
+    if settings.temperature:  # sampled rows end at different steps: the early-EOS rows are covered
+        assert len(set(kept.sum(-1).tolist())) > 1
