@@ -25,7 +25,8 @@ from gspo_lightning.logprobs import response_scores
 from gspo_lightning.micro_batches import BatchLayout
 from gspo_lightning.metric_logging import StepMetrics, attached_trainer, log_across_ranks
 from gspo_lightning.models import PolicyLoader
-from gspo_lightning.moe.routing import capture_routes, expert_change_fraction, find_routers, replay_routes
+from gspo_lightning.moe.routing import NOT_RECORDED, RoutingReplay, capture_routes, expert_change_fraction
+from gspo_lightning.moe.routing import find_routers, replay_routes, routing_replay_mode
 from gspo_lightning.objectives import (
     KLRewardPenalty,
     ObjectiveSpec,
@@ -39,7 +40,7 @@ from gspo_lightning.objectives import (
 from gspo_lightning.resume import apply_configured_settings, check_fixed_settings, optimizer_settings
 from gspo_lightning.rollout.data_contract import DataSide
 from gspo_lightning.rollout.types import Minibatch, PromptBatch
-from gspo_lightning.step_metrics import log_expert_change, log_mismatch, log_step_metrics
+from gspo_lightning.step_metrics import log_expert_change, log_mismatch, log_rollout_route_change, log_step_metrics
 from gspo_lightning.strategies import hands_over_hf_checkpointing, is_fsdp1, refuse_micro_batches_sharded
 from gspo_lightning.strategies import inference_context, shard_for_strategy
 from gspo_lightning.validation import SettingError, check_optimizer_settings, require
@@ -96,9 +97,13 @@ class GSPOModule(pl.LightningModule):
         rollout_correction: how training corrects for the sampling engine's distribution differing from the
             trainer's pi_old (``{mode: off | tis | mis | token_mask, threshold: C}``; see
             ``gspo_lightning.objectives.rollout_correction``). Needs ``sampler.old_logprobs: recompute``.
-        routing_replay: mixture-of-experts policies only: force the experts pi_old activated for each token in
-            pi_theta's forward (GSPO section 4.3), the router still receiving gradient through the forced
-            experts' weights. Without it, ``moe/expert_change_frac`` reports how much routing moved.
+        routing_replay: mixture-of-experts policies only, one of ``off``, ``old``, ``rollout``. ``old`` (R2,
+            GSPO section 4.3): force the experts pi_old's forward activated for each token in pi_theta's forward,
+            the router still receiving gradient through the forced experts' weights (needs
+            ``sampler.old_logprobs: recompute``). ``rollout`` (R3): force the experts the sampling engine chose
+            in the pi_old, reference and pi_theta forwards (an engine that records them: ``hf``). Whatever the
+            choice, ``moe/expert_change_frac`` reports how far pi_theta's routing moved from pi_old's and, when the
+            engine records experts, ``moe/rollout_vs_old_change_frac`` how far pi_old's is from the sampler's.
     """
 
     def __init__(
@@ -113,7 +118,7 @@ class GSPOModule(pl.LightningModule):
         reference_on_cpu: bool = False,
         log_entropy: bool = True,
         max_new_tokens: int = 256,
-        routing_replay: bool = False,
+        routing_replay: RoutingReplay | bool = "off",
         logprob_chunk_size: int = DEFAULT_CHUNK_SIZE,
         activation_checkpointing: bool = False,
         rollout_correction: RolloutCorrection = RolloutCorrection(),
@@ -144,6 +149,7 @@ class GSPOModule(pl.LightningModule):
             f"prompt and up to max_new_tokens response tokens, never split; got {micro_batch_tokens}",
         )
         check_optimizer_settings(optimizer, lr_scheduler)  # now, not after the policy has loaded
+        self._routing_replay = routing_replay_mode(routing_replay)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])  # functions; the CLI's config has them
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
@@ -190,10 +196,10 @@ class GSPOModule(pl.LightningModule):
         checkpointing = self.hparams.activation_checkpointing or hands_over_hf_checkpointing(self.policy)
         if self.objective.kl_coef > 0:  # copied before sharding: every rank holds the whole frozen reference
             self._reference = [copy.deepcopy(self.policy).requires_grad_(False).eval()]
-        if self.hparams.routing_replay and not find_routers(self.policy):
+        if self._routing_replay != "off" and not find_routers(self.policy):
             raise SettingError(
-                f"model.routing_replay=true needs a mixture-of-experts policy, but {type(self.policy).__name__} "
-                "has no top-k router; set routing_replay: false"
+                f"model.routing_replay: {self._routing_replay} needs a mixture-of-experts policy, but "
+                f"{type(self.policy).__name__} has no top-k router; set routing_replay: 'off'"
             )
         # FSDP2 shards here; FSDP1 wraps afterwards; DDP and a single device replicate
         trainer = attached_trainer(self)
@@ -236,6 +242,8 @@ class GSPOModule(pl.LightningModule):
             log_mismatch(self, minibatch, correction_stats)
         if expert_change is not None:
             log_expert_change(self, expert_change, len(minibatch), batch.minibatch_index)
+        if minibatch.rollout_route_change is not None:
+            log_rollout_route_change(self, minibatch.rollout_route_change, len(minibatch))
         return loss
 
     @property
@@ -249,9 +257,9 @@ class GSPOModule(pl.LightningModule):
         return self.hparams.max_new_tokens
 
     @property
-    def routing_replay(self) -> bool:
-        """Whether pi_theta's forward replays pi_old's experts (``model.routing_replay``)."""
-        return self.hparams.routing_replay
+    def routing_replay(self) -> str:
+        """``model.routing_replay``: ``off``, ``old`` (pi_old's experts) or ``rollout`` (the sampler's)."""
+        return self._routing_replay
 
     @property
     def skips_update(self) -> bool:
@@ -330,23 +338,26 @@ class GSPOModule(pl.LightningModule):
     def _policy_scores(self, minibatch: Minibatch, terms: tuple[Any, ...]) -> tuple[TokenScores, Tensor | None]:
         """pi_theta's response log-probs, with pi_old's experts forced under Routing Replay; for MoE policies
         also the per-layer fraction of experts pi_theta's routers choose that pi_old's did not."""
+        replay = self._routing_replay != "off"
         if minibatch.old_routes is None:
-            if self.hparams.routing_replay:  # GroupSampler refuses this at setup; another sampler may not
+            if replay:  # GroupSampler refuses this at setup; another sampler may not
                 raise RuntimeError(
-                    "model.routing_replay=true but the minibatch carries no recorded experts: they are recorded "
-                    "by the old-policy forward, so set sampler.old_logprobs: recompute"
+                    f"model.routing_replay: {self._routing_replay} but the minibatch carries no recorded experts: "
+                    "pi_old's forward records them (sampler.old_logprobs: recompute), the sampling engine under "
+                    "rollout (sampler.engine: hf)"
                 )
             return self._response_scores(minibatch, terms), None
-        if self.hparams.routing_replay:
+        if replay:
             # Kept open until after backward: activation checkpointing re-runs the forward there.
             routes = self._replay.enter_context(replay_routes(self.policy, minibatch.old_routes))
         else:
             routes = self._replay.enter_context(capture_routes(self.policy, tuple(minibatch.input_ids.shape)))
         scores = self._response_scores(minibatch, terms)
         current = routes.stacked()  # [n, layers, L, k]
-        if not self.hparams.routing_replay:
+        if not replay:
             self._replay.close()
-        return scores, expert_change_fraction(minibatch.old_routes, current, minibatch.attention_mask)
+        recorded = (minibatch.old_routes[:, 0, :, 0] != NOT_RECORDED).to(minibatch.attention_mask.dtype)  # [n, L]
+        return scores, expert_change_fraction(minibatch.old_routes, current, minibatch.attention_mask * recorded)
 
     def on_after_backward(self) -> None:
         # Forced routing ends with the backward pass (which re-runs checkpointed forwards), before any callback

@@ -92,6 +92,14 @@ def log_expert_change(
     log_across_ranks(module, metrics, size)
 
 
+def log_rollout_route_change(module: pl.LightningModule, per_layer: Tensor, size: int) -> None:
+    """R3's diagnostic: the fraction of the sampler's (token, expert) pairs the trainer's pi_old would have routed
+    elsewhere, in total and per layer (what ``model.routing_replay: rollout`` changes)."""
+    metrics = {"moe/rollout_vs_old_change_frac": per_layer.mean()}
+    metrics |= {f"moe/rollout_vs_old_change_frac_layer{layer}": value for layer, value in enumerate(per_layer)}
+    log_across_ranks(module, metrics, size)
+
+
 def log_mismatch(module: pl.LightningModule, minibatch: Minibatch, correction_stats: dict[str, Tensor]) -> None:
     """``mismatch/*``: how far the engine's log-probs are from the trainer's pi_old, and what the rollout
     correction left out (``masked_frac``) or capped (``truncated_frac``)."""

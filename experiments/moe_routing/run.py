@@ -5,7 +5,7 @@
 A tiny Qwen3-MoE policy (4 layers, 8 experts per layer, top-2 routing, renormalised) is warm-started on the
 quick-start task (3-digit addition) like the dense quick start, then trained with the quick-start RL settings
 (P=16 x G=8, K=4 minibatches; 1000 steps here) as: GRPO without Routing Replay, GRPO with Routing Replay
-(``model.routing_replay: true``), and GSPO without it; seeds 0 and 1. For the same rollout tokens, every
+(``model.routing_replay: old``), and GSPO without it; seeds 0 and 1. For the same rollout tokens, every
 training step logs the fraction of activated experts that pi_theta's routers choose and pi_old's did not, per
 layer and per minibatch index k (k optimizer updates after the rollout was sampled).
 
@@ -41,7 +41,7 @@ def moe_policy(layers: int = LAYERS, width: int = 128, heads: int = 4) -> dict:
 
 VARIANTS = {
     "GRPO": ["--model.init_args.objective=grpo"],
-    "GRPO + Routing Replay": ["--model.init_args.objective=grpo", "--model.init_args.routing_replay=true"],
+    "GRPO + Routing Replay": ["--model.init_args.objective=grpo", "--model.init_args.routing_replay=old"],
     "GSPO": ["--model.init_args.objective=gspo"],
 }
 

@@ -326,7 +326,8 @@ def groups_rollout(groups: list[Group], plan: StreamPlan, device: torch.device |
     rewards = torch.cat([group.rewards for group in groups if group.rewards is not None])  # [N]
     components = {name: torch.cat([group.components[name] for group in groups]) for name in groups[0].components}
     layout = RolloutLayout(plan.single, with_logprobs=True, with_versions=True,
-                           skip_cut=plan.single and plan.settings.prompt_overflow == "skip")  # fmt: skip
+                           skip_cut=plan.single and plan.settings.prompt_overflow == "skip",
+                           with_routes=plan.run.with_routes)  # fmt: skip
     return episode_rollout(
         trajectories, [group.prompt for group in groups], rewards, components, plan.group_size, plan.run.tokenizer,
         plan.run.max_turns, layout, device,

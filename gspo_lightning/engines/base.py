@@ -97,14 +97,17 @@ class EngineSamples:
         logprobs:       [N, R] float32 log-probs of the sampled tokens under the distribution sampled from,
                         log softmax(logits / temperature) as the engine computed them (0 after the end); None when
                         not asked for
-
-    The experts a mixture-of-experts policy routed each token to are recorded by the trainer's pi_old forward
-    (Routing Replay), not reported by the engines.
+        routes:         [N, layers, Lp + R, k] int, the experts a mixture-of-experts policy's routers chose for
+                        each prompt and response token as the engine sampled (Rollout Routing Replay), over the
+                        call's left-padded prompt columns then the response's; ``NOT_RECORDED`` (-1) for a token no
+                        forward read (the last sampled); None when not asked for
+                        (``gspo_lightning.moe.rollout_routes``)
     """
 
     response_ids: Tensor
     ended: Tensor
     logprobs: Tensor | None = None
+    routes: Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -130,6 +133,12 @@ class SamplingEngine(ABC):
     """Whether the engine samples beside training, on a thread of the trainer's process, from weights handed over
     with ``snapshot_weights`` / ``load_snapshot`` (it never runs the trainer's policy): what
     ``sampler.asynchronous.mode: streaming`` needs, and what lets fixed lag overlap sampling with training."""
+
+    records_routes = False
+    """Whether ``sample(..., with_routes=True)`` reports each token's experts (``model.routing_replay: rollout``);
+    an engine that cannot refuses R3 at setup with ``routes_refusal``."""
+    routes_refusal = "it does not report the experts its forwards chose"
+    """Why an engine does not record routes, and what to use instead (named in the setup error)."""
 
     need: RoundNeed | None = None
     """What a round holds at once, as the callbacks that sample with this engine ``reserve`` it."""
@@ -178,13 +187,24 @@ class SamplingEngine(ABC):
         with_logprobs: bool = False,
         synced_gpus: bool = False,
         seed: int = 0,
+        with_routes: bool = False,
     ) -> EngineSamples:
         """``group_size`` responses for each of the P left-padded prompts ``prompt_ids`` [P, Lp] (mask [P, Lp]).
+
+        ``with_routes``: also report each token's experts (``EngineSamples.routes``; engines that
+        ``records_routes`` only).
 
         ``seed`` makes an engine with its own random streams reproducible (a function of the run's seed, the
         round and the rank); ``generate`` draws from torch's generator, which the sampler saves and restores.
         ``synced_gpus``: parameters are sharded, every rank must keep stepping until all have finished.
         """
+
+
+def refuse_routes(engine: SamplingEngine, with_routes: bool) -> None:
+    """Stop a request for routed experts that ``engine`` cannot serve (R3 refuses such an engine at setup)."""
+    if with_routes and not engine.records_routes:
+        refusal = engine.routes_refusal
+        raise NotImplementedError(f"sampler.engine: {engine.name} cannot report routed experts: {refusal}")
 
 
 def ended_with_eos(response_ids: Tensor, eos_token_id: int) -> Tensor:

@@ -8,16 +8,17 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
-from transformers import cache_utils
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
+from transformers import PreTrainedTokenizerBase, cache_utils
 
 from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, ended_with_eos
 from gspo_lightning.logprobs import position_ids_from_mask, token_logprobs
+from gspo_lightning.moe.generation_routes import GenerationRoutes, recording_generation_routes
 from gspo_lightning.validation import require
 
 SamplingDtype = Literal["auto", "bfloat16", "float16"]
@@ -38,6 +39,7 @@ class HFEngine(SamplingEngine):
     """
 
     name = "hf"
+    records_routes = True  # the experts of its own generate forwards (gspo_lightning.moe.generation_routes)
 
     def __init__(self, share_prompt_prefill: bool = True, sampling_dtype: SamplingDtype = "auto") -> None:
         require(
@@ -58,15 +60,18 @@ class HFEngine(SamplingEngine):
         with_logprobs: bool = False,
         synced_gpus: bool = False,
         seed: int = 0,
+        with_routes: bool = False,
     ) -> EngineSamples:
         arguments = (policy, tokenizer, prompt_ids, prompt_mask, settings, synced_gpus, group_size)
         share = self.share_prompt_prefill
-        with sampling_precision(self.sampling_dtype, prompt_ids.device):
+        recording = recording_generation_routes(policy) if with_routes else nullcontext()
+        with sampling_precision(self.sampling_dtype, prompt_ids.device), recording as routes:
             if with_logprobs:
-                response_ids, logprobs = generate_with_logprobs(*arguments, share)  # [N, R] x2
+                response_ids, logprobs = generate_with_logprobs(*arguments, share, routes)  # [N, R] x2
             else:
-                response_ids, logprobs = generate_responses(*arguments, share), None  # [N, R]
-        return EngineSamples(response_ids, ended_with_eos(response_ids, tokenizer.eos_token_id), logprobs)
+                response_ids, logprobs = generate_responses(*arguments, share, routes), None  # [N, R]
+        ended = ended_with_eos(response_ids, tokenizer.eos_token_id)  # [N]
+        return EngineSamples(response_ids, ended, logprobs, None if routes is None else routes.result)
 
 
 @contextmanager
@@ -122,6 +127,7 @@ def generate_responses(
     synced_gpus: bool = False,
     group_size: int = 1,
     share_prefill: bool = False,
+    routes: GenerationRoutes | None = None,
 ) -> Tensor:
     """Sample ``group_size`` responses per prompt row; returns the response tokens [P * G, R].
 
@@ -130,7 +136,7 @@ def generate_responses(
     """
     config = settings.generation_config(tokenizer)
     sequences = generate_groups(
-        policy, prompt_ids, prompt_mask, config, synced_gpus, group_size, share_prefill
+        policy, prompt_ids, prompt_mask, config, synced_gpus, group_size, share_prefill, routes=routes
     )  # [P * G, Lp + R]
     return sequences[:, prompt_ids.shape[1] :]
 
@@ -143,6 +149,7 @@ def generate_with_logprobs(
     synced_gpus: bool = False,
     group_size: int = 1,
     share_prefill: bool = False,
+    routes: GenerationRoutes | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Like :func:`generate_responses`, also returning the sampler's own log-probs of the sampled tokens.
 
@@ -154,8 +161,9 @@ def generate_with_logprobs(
     """
     config = settings.generation_config(tokenizer)
     recorder = SampledLogprobs(settings.temperature or 1.0)
+    processors = LogitsProcessorList([recorder])
     sequences = generate_groups(
-        policy, prompt_ids, prompt_mask, config, synced_gpus, group_size, share_prefill, LogitsProcessorList([recorder])
+        policy, prompt_ids, prompt_mask, config, synced_gpus, group_size, share_prefill, processors, routes
     )  # [P * G, Lp + R]
     response_ids = sequences[:, prompt_ids.shape[1] :]  # [P * G, R]
     return response_ids, recorder.logprobs(response_ids[:, -1])
@@ -201,6 +209,7 @@ def generate_groups(
     group_size: int = 1,
     share_prefill: bool = False,
     logits_processor: LogitsProcessorList | None = None,
+    routes: GenerationRoutes | None = None,
 ) -> Any:
     """``policy.generate`` on each left-padded prompt repeated ``group_size`` times in a row.
 
@@ -212,6 +221,8 @@ def generate_groups(
             ``generate`` prefills only the last column on the P * G rows. Same distribution, up to float
             rounding. Single-column prompts get one masked padding column first, so every rank takes the same
             path (under ``synced_gpus`` the prefill forward is a collective); G = 1 has nothing to share.
+        routes: recording the experts of a mixture-of-experts policy (open around this call): its ``result``
+            gets them over the returned sequences' columns.
     Returns:
         what ``policy.generate`` returns for ``config``: sequences [P * G, Lp + R], or an output holding them;
         the response starts at column ``Lp`` in every case.
@@ -234,7 +245,11 @@ def generate_groups(
             logits_processor=logits_processor,
             **prefilled,
         )
-    return _drop_first_column(output) if ids.shape[1] > prompt_ids.shape[1] else output
+    widened = ids.shape[1] - prompt_ids.shape[1]  # 1: a padding column was added for the shared prefill
+    if routes is not None:
+        sequences = output if isinstance(output, Tensor) else output.sequences  # [P * G, Lp' + R]
+        routes.finish(sequences.shape[0], sequences.shape[1], widened)
+    return _drop_first_column(output) if widened else output
 
 def _at_least_two_columns(prompt_ids: Tensor, prompt_mask: Tensor, pad_token_id: int | None) -> tuple[Tensor, Tensor]:
     """Prompts [P, 1] get a masked padding column on the left, [P, 2]; wider ones are returned as they are."""

@@ -26,10 +26,10 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, refuse_routes
 from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions, architecture, base_model
 from gspo_lightning.engines.vllm_options import check_cpu_head_size, engine_variables, import_vllm, sample_round
-from gspo_lightning.engines.vllm_options import shut_down, vllm_environment
+from gspo_lightning.engines.vllm_options import VLLM_ROUTES_REFUSAL, shut_down, vllm_environment
 from gspo_lightning.engines.weight_sync import policy_weight_groups
 from gspo_lightning.strategies import fsdp1_root
 from gspo_lightning.validation import require
@@ -62,6 +62,7 @@ class VLLMEngine(SamplingEngine):
     """
 
     name = "vllm"
+    routes_refusal = VLLM_ROUTES_REFUSAL
     reports_logprobs_cheaply = True
 
     def __init__(
@@ -163,7 +164,9 @@ class VLLMEngine(SamplingEngine):
         with_logprobs: bool = False,
         synced_gpus: bool = False,
         seed: int = 0,
+        with_routes: bool = False,
     ) -> EngineSamples:
+        refuse_routes(self, with_routes)
         return sample_round(self.llm, prompt_ids, prompt_mask, settings, group_size, with_logprobs, seed,
                             tokenizer.pad_token_id)  # fmt: skip
 

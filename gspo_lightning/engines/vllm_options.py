@@ -41,6 +41,14 @@ CPU_BATCHED_TOKENS = 4096
 length when that is longer."""
 
 
+VLLM_ROUTES_REFUSAL = (
+    "vLLM 0.32 returns routed experts (enable_return_routed_experts) only from its V2 model runner on GPUs, which "
+    "this engine does not request yet; use sampler.engine: hf (it records the experts of its own generate "
+    "forwards), or model.routing_replay: old (the trainer's pi_old experts)"
+)
+"""Why R3 is refused with the vLLM engines (``SamplingEngine.routes_refusal``)."""
+
+
 def import_vllm() -> Any:
     """The ``vllm`` package, or an ImportError naming what to install."""
     try:

@@ -26,10 +26,10 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, refuse_routes
 from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions
 from gspo_lightning.engines.vllm_options import check_cpu_head_size, engine_variables, import_vllm, sample_round
-from gspo_lightning.engines.vllm_options import shut_down, vllm_environment
+from gspo_lightning.engines.vllm_options import VLLM_ROUTES_REFUSAL, shut_down, vllm_environment
 from gspo_lightning.engines.weight_snapshots import WeightSnapshot, WeightSnapshots, model_directory
 from gspo_lightning.validation import require
 
@@ -49,6 +49,7 @@ class VLLMProcessEngine(SamplingEngine):
     """
 
     name = "vllm_process"
+    routes_refusal = VLLM_ROUTES_REFUSAL
     runs_in_background = True
 
     def __init__(
@@ -151,7 +152,9 @@ class VLLMProcessEngine(SamplingEngine):
         with_logprobs: bool = False,
         synced_gpus: bool = False,
         seed: int = 0,
+        with_routes: bool = False,
     ) -> EngineSamples:
+        refuse_routes(self, with_routes)
         if self.loaded is None:
             raise RuntimeError("VLLMProcessEngine.sample before any weights were loaded (setup or load_snapshot)")
         return sample_round(self.llm, prompt_ids, prompt_mask, settings, group_size, with_logprobs, seed,

@@ -31,12 +31,12 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded
+from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded, refuse_routes
 from gspo_lightning.engines.server_client import Servers
 from gspo_lightning.engines.server_launch import require_free, serve_command, start_server, stop_server
 from gspo_lightning.engines.server_launch import wait_until_healthy
 from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions, base_model, check_cpu_head_size
-from gspo_lightning.engines.vllm_options import engine_variables
+from gspo_lightning.engines.vllm_options import VLLM_ROUTES_REFUSAL, engine_variables
 from gspo_lightning.engines.vllm_process import core_set, stop_with_this_process
 from gspo_lightning.engines.weight_snapshots import WeightSnapshot, WeightSnapshots, model_directory
 from gspo_lightning.engines.weight_transfer import TRANSFERS, TransferLink, WeightTransfer, resolve_transfer
@@ -78,6 +78,7 @@ class VLLMServerEngine(SamplingEngine):
     """
 
     name = "vllm_server"
+    routes_refusal = VLLM_ROUTES_REFUSAL
     runs_in_background = True
     reports_logprobs_cheaply = True
 
@@ -264,7 +265,9 @@ class VLLMServerEngine(SamplingEngine):
         with_logprobs: bool = False,
         synced_gpus: bool = False,
         seed: int = 0,
+        with_routes: bool = False,
     ) -> EngineSamples:
+        refuse_routes(self, with_routes)
         if self.client is None or self.loaded is None:
             raise RuntimeError("VLLMServerEngine.sample before any weights were synced (setup or load_snapshot)")
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]  # P lists

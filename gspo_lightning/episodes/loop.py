@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded
@@ -33,6 +33,7 @@ from gspo_lightning.episodes.environment import (
     ToolError,
 )
 from gspo_lightning.episodes.rendering import first_context, observation_ids
+from gspo_lightning.moe.rollout_routes import call_segment, first_read
 from gspo_lightning.validation import UserCodeError, qualified_name
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,9 @@ class EpisodeState:
     The response is everything after the first context: ``response_ids`` with ``policy_mask`` 1 where the
     policy wrote the token (its engine log-prob in ``logprobs``, its turn in ``turn_of``, the policy version that
     sampled it in ``versions``) and 0 where the template, a tool or the environment did (``turn_of`` and
-    ``versions`` -1). ``environment`` None: a single response (one turn, nothing answers it).
+    ``versions`` -1), and, recording experts (``model.routing_replay: rollout``), ``routes``: each token's experts
+    from the engine forward that first read it. ``environment`` None: a single response (one turn, nothing answers
+    it).
     """
 
     environment: Environment | None
@@ -69,6 +72,7 @@ class EpisodeState:
     logprobs: list[float] = field(default_factory=list)
     turn_of: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routes: Tensor | None = None  # [layers, T, k] experts of its first T tokens as first read (R3; else None)
     turn_rewards: list[float] = field(default_factory=list)
     turn_tokens: int = 0  # the current turn's tokens so far (a turn taken in chunks)
     prompt_cut: bool = False  # the prompt was cut to fit the context (sampler.prompt_overflow)
@@ -117,6 +121,7 @@ class EpisodeRun:
     with_logprobs: bool = False
     synced_gpus: bool = False
     device: Any = "cpu"
+    with_routes: bool = False  # the engine reports each token's experts (Rollout Routing Replay)
 
 
 def run_episodes(
@@ -232,7 +237,7 @@ def _continue(
     ids = padded(contexts, pad, left=True).to(run.device)  # [A, L]
     mask = padded([[1] * len(context) for context in contexts], 0, left=True).to(run.device)  # [A, L]
     return run.engine.sample(run.policy, run.tokenizer, ids, mask, settings, group_size, run.with_logprobs,
-                             run.synced_gpus, seed)  # fmt: skip
+                             run.synced_gpus, seed, with_routes=run.with_routes)  # fmt: skip
 
 
 def new_tokens(row: list[int], eos_token_id: int, room: int) -> list[int]:
@@ -255,6 +260,9 @@ def _take_turn(
     step_room, room, before = _remaining(run, episode, chunk), _remaining(run, episode), episode.turn_tokens
     tokens = new_tokens(samples.response_ids[row].tolist(), eos, step_room)
     logprobs = samples.logprobs[row, : len(tokens)].tolist() if samples.logprobs is not None else None
+    if samples.routes is not None:  # before the tokens join the episode: the context is what the call read
+        width = samples.response_ids.shape[1]
+        episode.routes = first_read(episode.routes, call_segment(samples.routes, row, len(episode), len(tokens), width))
     episode.append(tokens, policy=True, logprobs=logprobs, version=version)
     episode.turn_tokens += len(tokens)
     ended = bool(tokens) and tokens[-1] == eos

@@ -17,9 +17,30 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
+
+from gspo_lightning.validation import SettingError, require_one_of
+
+
+RoutingReplay = Literal["off", "old", "rollout"]
+ROUTING_REPLAYS: tuple[str, ...] = ("off", "old", "rollout")
+
+
+def routing_replay_mode(value: str | bool) -> str:
+    """``model.routing_replay`` as one of ``ROUTING_REPLAYS``. YAML reads an unquoted ``off`` as false, which means
+    ``off``; ``true`` was Routing Replay before it had a choice, and is refused naming what it became."""
+    if value is False:
+        return "off"
+    if value is True:
+        raise SettingError(
+            "model.routing_replay: true is now model.routing_replay: old (replay the experts of the trainer's pi_old "
+            "forward, R2); model.routing_replay: rollout replays the sampler's experts (R3)"
+        )
+    require_one_of("model.routing_replay", value, ROUTING_REPLAYS)
+    return value
 
 
 def find_routers(model: nn.Module) -> list[nn.Module]:
@@ -111,6 +132,9 @@ class _RouteCapture:
         self.indices[layer][places[real]] = index.detach()[real].to(self.indices[layer].dtype)
 
 
+NOT_RECORDED = -1
+"""A route entry no forward recorded (a token the sampler never read, padding): replay lets the router choose."""
+
 _ACTIVE: list[_RouteCapture] = []  # the captures and replays whose blocks are open
 
 
@@ -165,7 +189,8 @@ def replay_routes(model: nn.Module, routes: Tensor) -> Iterator[_RouteCapture]:
 
     Args:
         model: the policy.
-        routes: [n, layers, L, k] recorded by :func:`capture_routes` on the same minibatch.
+        routes: [n, layers, L, k] recorded by :func:`capture_routes` on the same minibatch, or by the sampling
+            engine (Rollout Routing Replay); ``NOT_RECORDED`` (-1) where the router is to choose by itself.
 
     Yields a capture of the experts the routers would have chosen by themselves (for diagnostics).
     """
@@ -184,6 +209,8 @@ def replay_routes(model: nn.Module, routes: Tensor) -> Iterator[_RouteCapture]:
         recorded = routes[:, layer].reshape(-1, k).to(natural_index.device)  # [n * L, k]
         spare = torch.arange(k, device=natural_index.device).expand(len(places), k)  # [T, k] a row's padding tail
         forced = torch.where((places >= 0)[:, None], recorded[places.clamp(min=0)].long(), spare)  # [T, k]
+        # NOT_RECORDED places (a token no sampling forward read: a response's last) keep the router's own choice
+        forced = torch.where(forced >= 0, forced, natural_index.long())  # [T, k]
         weights = replayed_weights(router_logits, forced, bool(getattr(module, "norm_topk_prob", False)))
         return router_logits, weights, forced.to(natural_index.dtype)
 

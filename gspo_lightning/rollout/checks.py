@@ -49,12 +49,19 @@ def validate_round(advantage_scale: str, max_extra_draws: int) -> None:
     )
 
 
-def check_routing_replay(routing_replay: bool, old_logprobs: str) -> None:
-    """Routing Replay replays the experts pi_old's forward recorded; the sampler's own log-probs come without."""
+def check_routing_replay(routing_replay: str, old_logprobs: str, engine: SamplingEngine) -> None:
+    """R2 replays the experts pi_old's forward recorded (the sampler's own log-probs come without one); R3 needs an
+    engine that records the experts it sampled with."""
     require(
-        not routing_replay or old_logprobs == "recompute",
-        f"model.routing_replay=true needs sampler.old_logprobs: recompute (the experts to replay are recorded by "
-        f"the old-policy forward), got sampler.old_logprobs: {old_logprobs!r}",
+        routing_replay != "old" or old_logprobs == "recompute",
+        f"model.routing_replay: old needs sampler.old_logprobs: recompute (the experts to replay are recorded by "
+        f"the old-policy forward), got sampler.old_logprobs: {old_logprobs!r}; model.routing_replay: rollout "
+        "replays the sampling engine's experts instead",
+    )
+    require(
+        routing_replay != "rollout" or engine.records_routes,
+        f"model.routing_replay: rollout needs a sampling engine that records each token's experts; sampler.engine: "
+        f"{engine.name} does not: {engine.routes_refusal}",
     )
 
 

@@ -1,7 +1,7 @@
 """What ``GroupSampler`` needs from a LightningModule: ``SamplerModule``, checked once when a fit starts.
 
 ``GSPOModule`` has all of it; another module reusing the sampler sets what it does not use to the neutral value
-(``reference_policy = None``, ``kl_reward_penalty = None``, ``routing_replay = False``,
+(``reference_policy = None``, ``kl_reward_penalty = None``, ``routing_replay = "off"``,
 ``rollout_correction = RolloutCorrection()``, ``needs_engine_logprobs = False``, ``policy_loader = None``).
 """
 
@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gspo_lightning.micro_batches import BatchLayout
 from gspo_lightning.objectives import KLRewardPenalty, RolloutCorrection
+from gspo_lightning.moe.routing import find_routers
 from gspo_lightning.rollout.round import RoundModel
 from gspo_lightning.validation import SettingError
 
@@ -31,7 +32,8 @@ class SamplerModule(Protocol):
         max_new_tokens: the longest response the sampler draws (and e.g. Dr. GRPO's constant normaliser).
         reference_policy: the frozen pi_ref whose log-probs a KL penalty needs, or None.
         kl_reward_penalty: the coefficient and estimator when the KL is subtracted from the rewards, or None.
-        routing_replay: MoE policies: pi_old's experts per token are recorded for replay.
+        routing_replay: MoE policies: ``off``, ``old`` (pi_old's experts replayed) or ``rollout`` (the
+            sampling engine's experts recorded and replayed).
         rollout_correction: the rollout-training mismatch correction (its ``mode`` is ``off`` when unused).
         needs_engine_logprobs: the module's loss uses the engine's log-probs of the sampled tokens.
         per_token_advantages: the module's loss takes one advantage per token ([n, R]: per-turn advantages of
@@ -49,7 +51,7 @@ class SamplerModule(Protocol):
     max_new_tokens: int
     reference_policy: nn.Module | None
     kl_reward_penalty: KLRewardPenalty | None
-    routing_replay: bool
+    routing_replay: str
     rollout_correction: RolloutCorrection
     needs_engine_logprobs: bool
     per_token_advantages: bool
@@ -81,12 +83,16 @@ def check_built(module: SamplerModule) -> None:
             raise SettingError(f"GroupSampler needs the LightningModule's {name} by the time training starts")
 
 
-def round_model(module: SamplerModule, engine_logprobs: bool, synced_gpus: bool) -> RoundModel:
-    """The parts of the module a round uses, once the policy is built."""
+def round_model(
+    module: SamplerModule, engine_logprobs: bool, synced_gpus: bool, engine_routes: bool = False
+) -> RoundModel:
+    """The parts of the module a round uses, once the policy is built; ``engine_routes``: the engine can record each
+    token's experts (they are asked for when the policy has routers)."""
     check_built(module)
     return RoundModel(
         module.policy, module.tokenizer, module.temperature, module.max_new_tokens, module.device,
         reference=module.reference_policy, kl_reward_penalty=module.kl_reward_penalty,
         chunk_size=module.logprob_chunk_size, layout=module.batch_layout,
         engine_logprobs=engine_logprobs or module.needs_engine_logprobs, synced_gpus=synced_gpus,
+        engine_routes=engine_routes and bool(find_routers(module.policy)), routing_replay=module.routing_replay,
     )  # fmt: skip

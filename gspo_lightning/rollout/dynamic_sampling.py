@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gspo_lightning.moe.rollout_routes import joined_routes
 from gspo_lightning.rollout.types import EpisodeCounts, Rollout
 
 # Rollout fields by how they are padded when rollouts of different widths are joined.
@@ -54,6 +55,12 @@ def concat_rollouts(rollouts: list[Rollout], pad_token_id: int) -> Rollout:
     joined["reward_components"] = {
         name: torch.cat([r.reward_components[name] for r in rollouts]) for name in rollouts[0].reward_components
     }
+    routes = [r.routes for r in rollouts]
+    joined["routes"] = None
+    if all(r is not None for r in routes):  # [N, layers, Lp + R, k]: prompts and responses padded apart
+        widths = [r.prompt_ids.shape[1] for r in rollouts]
+        joined["routes"] = joined_routes(list(zip(routes, widths)), joined["prompt_ids"].shape[1],
+                                         joined["response_ids"].shape[1])  # fmt: skip
     counts = [r.episodes for r in rollouts]
     joined["episodes"] = None if any(c is None for c in counts) else EpisodeCounts.cat(counts)
     return Rollout(**joined)

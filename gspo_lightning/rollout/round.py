@@ -67,6 +67,8 @@ class RoundModel:
     layout: BatchLayout = BatchLayout()  # how log-prob passes lay out a minibatch (packed, token budget)
     engine_logprobs: bool = False  # ask the engine for its log-probs of the sampled tokens
     synced_gpus: bool = False  # sharded parameters: every rank steps until all have finished
+    engine_routes: bool = False  # ask the engine for each token's experts (an MoE policy, an engine that can)
+    routing_replay: str = "off"  # model.routing_replay: off, old (R2) or rollout (R3: the engine's experts)
 
 
 @dataclass
@@ -131,7 +133,7 @@ def train_round(
     passes = policy_passes(
         rollout, settings.num_minibatches, model.policy, model.temperature, reference=model.reference,
         chunk_size=model.chunk_size, layout=model.layout, old_from_engine=settings.old_from_engine,
-        mask_truncated=settings.mask_truncated,
+        mask_truncated=settings.mask_truncated, routing_replay=model.routing_replay,
     )  # fmt: skip
     seconds["old_logprob_s"] = time.perf_counter() - started
     rewards = rollout.rewards  # [N]
@@ -202,7 +204,7 @@ def round_trajectory_run(engine: SamplingEngine, model: RoundModel, settings: Ro
     """The trajectory generator's settings in a training round: a turn is sampled like a response."""
     sampling = SamplingSettings(model.max_new_tokens, model.temperature, settings.top_p, settings.top_k)
     return trajectory_run(engine, model.policy, model.tokenizer, sampling, settings.episodes, settings.scoring.errors,
-                          model.engine_logprobs, model.synced_gpus, model.device)  # fmt: skip
+                          model.engine_logprobs, model.synced_gpus, model.device, model.engine_routes)  # fmt: skip
 
 
 def with_advantages(rollout: Rollout, rewards: Tensor, settings: RoundSettings) -> Rollout:

@@ -18,6 +18,7 @@ from gspo_lightning.engines.base import SamplingEngine, SamplingSettings, padded
 from gspo_lightning.episodes.loop import EpisodeRun, EpisodeState, advance, run_episodes
 from gspo_lightning.episodes.rewards import ENVIRONMENT_REWARD, EPISODE_MESSAGES
 from gspo_lightning.episodes.settings import EpisodeSettings
+from gspo_lightning.moe.rollout_routes import rollout_routes
 from gspo_lightning.rewards.scoring import score_completions
 from gspo_lightning.rollout.pipeline import PromptOverflow, Scoring, context_length, encode_prompts
 from gspo_lightning.rollout.pipeline import fit_prompts_to_context, repeat_each
@@ -27,17 +28,18 @@ from gspo_lightning.rollout.types import EpisodeCounts, Rollout
 def trajectory_run(
     engine: SamplingEngine, policy: nn.Module, tokenizer: PreTrainedTokenizerBase, sampling: SamplingSettings,
     episodes: EpisodeSettings | None, errors: str = "raise", with_logprobs: bool = False, synced_gpus: bool = False,
-    device: Any = "cpu",
+    device: Any = "cpu", with_routes: bool = False,
 ) -> EpisodeRun:  # fmt: skip
     """What the trajectory generator runs with: a turn is sampled with ``sampling`` (its ``max_new_tokens`` per
     turn), an episode holds at most ``max_episode_tokens`` (the policy's context when unset); ``episodes`` None:
-    single responses (one turn, no environment, no episode budget)."""
+    single responses (one turn, no environment, no episode budget). ``with_routes``: the engine records each
+    token's experts (R3)."""
     factory, turns, budget = None, 1, None
     if episodes is not None:
         factory, turns = episodes.factory(), episodes.max_turns
         budget = episodes.episode_budget(context_length(policy, tokenizer))
     return EpisodeRun(engine, policy, tokenizer, sampling, factory, turns, budget, errors, with_logprobs, synced_gpus,
-                      device)  # fmt: skip
+                      device, with_routes)  # fmt: skip
 
 
 def single_responses(prompt_ids: Tensor, prompt_mask: Tensor, cut: Tensor, group_size: int) -> list[EpisodeState]:
@@ -73,12 +75,14 @@ def score_episodes(
 @dataclass(frozen=True)
 class RolloutLayout:
     """What a trajectory rollout holds beyond the tokens: ``single`` responses (no turns, texts as answers),
-    engine log-probs, policy versions (sampled by more than one), skipped cut prompts (``prompt_overflow: skip``)."""
+    engine log-probs, policy versions (sampled by more than one), skipped cut prompts (``prompt_overflow: skip``),
+    the engine's routed experts (R3)."""
 
     single: bool = False
     with_logprobs: bool = False
     with_versions: bool = False
     skip_cut: bool = False
+    with_routes: bool = False
 
 
 def episode_rollout(
@@ -96,6 +100,10 @@ def episode_rollout(
     engine = padded([e.logprobs for e in episodes], 0.0, torch.float32).to(device) if layout.with_logprobs else None
     versions = padded([e.versions for e in episodes], -1, torch.long).to(device) if layout.with_versions else None
     turns = None if layout.single else padded([e.turn_of for e in episodes], -1, torch.long).to(device)  # [N, R]
+    routes = None
+    if layout.with_routes:  # [N, layers, Lp + R, k]
+        routes = rollout_routes([e.routes for e in episodes], [len(e.prompt_ids) for e in episodes],
+                                prompt_ids.shape[1], response_ids.shape[1]).to(device)  # fmt: skip
     return Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,  # [N, Lp]
@@ -116,6 +124,7 @@ def episode_rollout(
         turn_rewards=None if layout.single else turn_rewards(episodes, rewards, max_turns).to(device),  # [N, K]
         episodes=None if layout.single else episode_counts(episodes),
         policy_versions=versions,  # [N, R] or None
+        routes=routes,  # [N, layers, Lp + R, k] or None
     )
 
 
@@ -171,7 +180,8 @@ def sample_and_score_trajectories(
     started = time.perf_counter()
     rewards, components = score_episodes(states, prompts, columns, group_size, scoring, single)  # [N]
     seconds = {"generate_s": generate_s, "reward_s": time.perf_counter() - started}
-    layout = RolloutLayout(single, run.with_logprobs, skip_cut=single and overflow == "skip")
+    skip_cut = single and overflow == "skip"
+    layout = RolloutLayout(single, run.with_logprobs, skip_cut=skip_cut, with_routes=run.with_routes)
     rollout = episode_rollout(
         states, prompts, rewards, components, group_size, run.tokenizer, run.max_turns, layout, run.device
     )

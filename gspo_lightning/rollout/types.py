@@ -60,13 +60,17 @@ class Minibatch:
         rewards:        [n]     the scalar reward of each response (NaN where a reward function failed and
                                 ``reward_errors="skip"``: train on ``advantages``, which are then 0)
         ref_logprobs:   [n, R]  float32 log pi_ref, only when a KL penalty to a reference policy is used
-        old_routes:     [n, layers, L, k]  int, the experts pi_old's routers activated per token (MoE policies
-                                only): replayed by Routing Replay and compared with pi_theta's routing
+        old_routes:     [n, layers, L, k]  int, the experts pi_old's forward used per token (MoE policies only:
+                                its routers' own, or under R3 the sampler's where recorded, -1 where none was):
+                                replayed by Routing Replay and compared with pi_theta's routing
         engine_logprobs: [n, R] float32 the sampling engine's log-probs of the same tokens, when pi_old is the
                                 trainer's recomputation and the engine reported them: for the rollout-training
                                 mismatch correction and metrics
         policy_lag:     [n]     int64, asynchronous rollouts: versions between the proximal pi_old and each
                                 response's oldest token (for the clip fraction and the correction by lag)
+        rollout_route_change: [layers] float32, the fraction of the sampler's (token, expert) pairs pi_old's
+                                routers would have replaced (``moe/rollout_vs_old_change_frac``), when the sampling
+                                engine recorded its experts
     """
 
     input_ids: Tensor
@@ -80,6 +84,7 @@ class Minibatch:
     old_routes: Tensor | None = None
     engine_logprobs: Tensor | None = None
     policy_lag: Tensor | None = None
+    rollout_route_change: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -127,6 +132,9 @@ class Rollout:
         episodes:       per-episode counts (turns, tool calls, limits hit), for the metrics; None when single-turn
         policy_versions: [N, R] int64, the policy version that sampled each of the policy's tokens (rounds trained
                                  before it was sampled), -1 elsewhere; set by asynchronous rollouts, else None
+        routes:         [N, layers, Lp + R, k] int, the experts the sampling engine's routers chose for each
+                                 prompt and response token (Rollout Routing Replay), -1 where no forward read one
+                                 (``gspo_lightning.moe.rollout_routes``); None unless the engine recorded them
         completions:    N response texts (EOS and what follows left out)
         prompts:        N prompts as the data module formatted them, each repeated G times
     """
@@ -151,6 +159,7 @@ class Rollout:
     token_advantages: Tensor | None = None
     episodes: EpisodeCounts | None = None
     policy_versions: Tensor | None = None
+    routes: Tensor | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

@@ -200,7 +200,7 @@ class GroupSampler(Callback):
         data = DataSide(trainer.datamodule)
         checks.check_rollout_shape(data, self.group_size, self.num_minibatches)
         checks.check_chat_template(data, module.tokenizer, module.policy_loader)
-        checks.check_routing_replay(module.routing_replay, self.old_logprobs)
+        checks.check_routing_replay(module.routing_replay, self.old_logprobs, self.engine)
         checks.check_rollout_correction(module.rollout_correction.mode, self.old_logprobs)
         checks.check_data_columns(data, self.rewards, "train", "sampler.rewards")
         if self.round.dynamic_sampling:
@@ -296,9 +296,11 @@ class GroupSampler(Callback):
         # An engine of its own samples while the policy trains: it needs no synced_gpus (it never runs the policy)
         sharded = parameters_are_sharded(trainer) and not self.source.runs_in_background
         engine_logprobs = self._wants_engine_logprobs()
+        routes = self.engine.records_routes  # every MoE round records them: R3, or the diagnostic without it
         data = trainer.datamodule
         return RoundRequest(
-            trainer, batch.rollout_index, batch, lambda: round_model(pl_module, engine_logprobs, sharded), self.round,
+            trainer, batch.rollout_index, batch, lambda: round_model(pl_module, engine_logprobs, sharded, routes),
+            self.round,
             prompts_of=lambda index: data.rollout_batch(index),  # sources that sample ahead (checked at setup)
             seed_of=self.round_seed, draw_prompts=data.draw_prompts if self.round.dynamic_sampling else None,
             any_rank=lambda wanted: trainer.strategy.reduce_boolean_decision(wanted, all=False),
@@ -317,7 +319,8 @@ class GroupSampler(Callback):
         """G responses per prompt, scored, with their group advantages (Eq. 6): a round's first stages alone, for
         tests and notebooks (no refill, no old-policy pass, no reward shaping)."""
         if not isinstance(model, RoundModel):
-            model = round_model(check_sampler_module(model), self._wants_engine_logprobs(), False)
+            model = round_model(check_sampler_module(model), self._wants_engine_logprobs(), False,
+                                self.engine.records_routes)  # fmt: skip
         rollout = sample_groups(self.engine, model, self.round, prompts, columns, seed)
         return with_advantages(rollout, rollout.rewards, self.round)
 

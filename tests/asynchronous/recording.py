@@ -25,7 +25,7 @@ class RecordingHFEngine(HFEngine):
         self._step = trainer.global_step
 
     def sample(self, policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs=False,
-               synced_gpus=False, seed=0):  # fmt: skip
+               synced_gpus=False, seed=0, with_routes=False):  # fmt: skip
         _record(seed, self._step, group_size)
         return super().sample(policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs,
                               synced_gpus, seed)  # fmt: skip
@@ -35,7 +35,7 @@ class RecordingVLLMProcessEngine(VLLMProcessEngine):
     """vLLM in its own process: the weights are the snapshot it has loaded."""
 
     def sample(self, policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs=False,
-               synced_gpus=False, seed=0):  # fmt: skip
+               synced_gpus=False, seed=0, with_routes=False):  # fmt: skip
         _record(seed, self.loaded.step, group_size)
         return super().sample(policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs,
                               synced_gpus, seed)  # fmt: skip

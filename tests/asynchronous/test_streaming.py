@@ -38,7 +38,7 @@ class ChunkEngine(SamplingEngine):
         self.loaded = snapshot
 
     def sample(self, policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs=False,
-               synced_gpus=False, seed=0):  # fmt: skip
+               synced_gpus=False, seed=0, with_routes=False):  # fmt: skip
         self.gate.acquire()
         self.chunk_versions.append(self.loaded)
         rows = prompt_ids.shape[0] * group_size
@@ -139,7 +139,7 @@ class TurnEngine(ChunkEngine):
     """A turn is ``5 5 EOS``, taken in two chunks of two: a context ending in 5 gets EOS, any other ``5 5``."""
 
     def sample(self, policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs=False,
-               synced_gpus=False, seed=0):  # fmt: skip
+               synced_gpus=False, seed=0, with_routes=False):  # fmt: skip
         self.gate.acquire()
         self.chunk_versions.append(self.loaded)
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id

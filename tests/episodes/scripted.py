@@ -34,7 +34,7 @@ class ScriptedEngine(SamplingEngine):
         self.calls: list[list[str]] = []
 
     def sample(self, policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs=False,
-               synced_gpus=False, seed=0):  # fmt: skip
+               synced_gpus=False, seed=0, with_routes=False):  # fmt: skip
         contexts = [tokenizer.decode(ids[mask.bool()].tolist()) for ids, mask in zip(prompt_ids, prompt_mask)]
         self.calls.append(contexts)
         rows = []

@@ -22,7 +22,7 @@ class _Recorder(SamplingEngine):
         self.calls: list[tuple] = []
 
     def sample(self, policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs=False,
-               synced_gpus=False, seed=0):  # fmt: skip
+               synced_gpus=False, seed=0, with_routes=False):  # fmt: skip
         self.calls.append((prompt_ids.tolist(), prompt_mask.tolist(), settings, group_size, with_logprobs, seed))
         rows = prompt_ids.shape[0]
         return EngineSamples(torch.full((rows, 1), EOS), torch.ones(rows, dtype=torch.bool))

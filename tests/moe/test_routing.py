@@ -98,7 +98,7 @@ def test_split_minibatches_records_old_routes_for_moe_policies_only(moe_policy, 
     assert split_minibatches(rollout, 2, policy)[0].old_routes is None
 
 
-@pytest.mark.parametrize("replay", [False, True])
+@pytest.mark.parametrize("replay", ["off", "old"])
 def test_moe_training_step_is_on_policy_and_logs_routing_drift(replay):
     module = GSPOModule(TinyQwen3Moe(**MOE), objective="grpo", routing_replay=replay)
     logged = _first_step(module)
@@ -111,20 +111,20 @@ def test_moe_training_step_is_on_policy_and_logs_routing_drift(replay):
 
 
 def test_routing_replay_on_a_dense_policy_is_refused():
-    module = GSPOModule(TinyQwen3(**TINY), routing_replay=True)
-    with pytest.raises(ValueError, match="routing_replay=true needs a mixture-of-experts policy"):
+    module = GSPOModule(TinyQwen3(**TINY), routing_replay="old")
+    with pytest.raises(ValueError, match="routing_replay: old needs a mixture-of-experts policy"):
         module.configure_model()
 
 
 def test_routing_replay_without_recorded_experts_says_how_to_record_them():
     from gspo_lightning.rollout.types import PromptBatch
 
-    module = GSPOModule(TinyQwen3Moe(**MOE), routing_replay=True)
+    module = GSPOModule(TinyQwen3Moe(**MOE), routing_replay="old")
     module.configure_model()
     ids = torch.randint(3, 17, (2, 6))
     mask = torch.ones(2, 3)
     minibatch = Minibatch(ids, torch.ones(2, 6), ids[:, 3:], mask, torch.zeros(2, 3), torch.ones(2), torch.ones(2))
-    with pytest.raises(RuntimeError, match="set sampler.old_logprobs: recompute"):
+    with pytest.raises(RuntimeError, match="pi_old's forward records them"):
         module.training_step(PromptBatch(["a", "b"], {}, minibatch=minibatch), 0)
 
 
@@ -143,7 +143,7 @@ def test_routing_replay_trains_through_the_cli_with_evaluation_between_steps(tmp
     config = tiny_run_config(tmp_path, max_steps=5, extra=extra)
     policy = {"class_path": "gspo_lightning.models.TinyQwen3Moe", "init_args": MOE}
     command = [
-        sys.executable, "-m", "gspo_lightning", "fit", "-c", str(config), "--model.init_args.routing_replay=true",
+        sys.executable, "-m", "gspo_lightning", "fit", "-c", str(config), "--model.init_args.routing_replay=old",
         "--model.init_args.objective=grpo", "--model.init_args.policy=" + json.dumps(policy),
     ]  # fmt: skip
     environment = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -208,3 +208,11 @@ def test_routing_replay_whatever_the_layout_has_the_padded_gradients(float32_moe
     torch.testing.assert_close(loss, padded_loss, atol=1e-6, rtol=0)
     for parameter, grad in padded_grads.items():
         torch.testing.assert_close(grads[parameter], grad, atol=1e-5, rtol=1e-4, msg=parameter)
+
+
+def test_routing_replay_names_its_choices_and_what_true_became():
+    with pytest.raises(ValueError, match=r"model.routing_replay must be one of \['off', 'old', 'rollout'\], got 'r3'"):
+        GSPOModule(TinyQwen3Moe(**MOE), routing_replay="r3")
+    with pytest.raises(ValueError, match="routing_replay: true is now model.routing_replay: old"):
+        GSPOModule(TinyQwen3Moe(**MOE), routing_replay=True)
+    assert GSPOModule(TinyQwen3Moe(**MOE), routing_replay=False).routing_replay == "off"  # YAML's unquoted off

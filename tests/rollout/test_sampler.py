@@ -29,7 +29,7 @@ class ReinforceModule(pl.LightningModule):
         self.max_new_tokens = max_new_tokens
         self.reference_policy = None
         self.kl_reward_penalty = None
-        self.routing_replay = False
+        self.routing_replay = "off"
         self.rollout_correction = RolloutCorrection()
         self.needs_engine_logprobs = False
         self.per_token_advantages = False
