@@ -129,7 +129,12 @@ def test_routing_replay_without_recorded_experts_says_how_to_record_them():
 
 
 @pytest.mark.slow
-def test_routing_replay_trains_through_the_cli_with_evaluation_between_steps(tmp_path):
+@pytest.mark.parametrize(
+    "replay, flags",
+    [("old", []), ("rollout", []), ("rollout", ["--sampler.asynchronous.mode=fixed_lag"])],
+    ids=["R2", "R3", "R3 fixed lag"],
+)
+def test_routing_replay_trains_through_the_cli_with_evaluation_between_steps(tmp_path, replay, flags):
     """Forced routing must end with the backward pass: the evaluation callback generates right after a step."""
     import csv
     import json
@@ -143,15 +148,19 @@ def test_routing_replay_trains_through_the_cli_with_evaluation_between_steps(tmp
     config = tiny_run_config(tmp_path, max_steps=5, extra=extra)
     policy = {"class_path": "gspo_lightning.models.TinyQwen3Moe", "init_args": MOE}
     command = [
-        sys.executable, "-m", "gspo_lightning", "fit", "-c", str(config), "--model.init_args.routing_replay=old",
-        "--model.init_args.objective=grpo", "--model.init_args.policy=" + json.dumps(policy),
+        sys.executable, "-m", "gspo_lightning", "fit", "-c", str(config), f"--model.init_args.routing_replay={replay}",
+        "--model.init_args.objective=grpo", "--model.init_args.policy=" + json.dumps(policy), *flags,
     ]  # fmt: skip
     environment = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "runs/tiny/version_0/metrics.csv")))
     changes = [float(r["moe/expert_change_frac"]) for r in rows if r.get("moe/expert_change_frac")]
-    assert len(changes) == 5 and changes[0] == 0.0
+    assert len(changes) == 5 and (changes[0] == 0.0 or flags)  # sampled ahead: pi_old is not the sampler
+    key = "moe/rollout_vs_old_change_frac"
+    sampler_vs_old = [float(r[key]) for r in rows if r.get(key)]
+    assert len(sampler_vs_old) == 5  # the hf engine records experts under every replay choice
+    assert flags or sampler_vs_old == [0.0] * 5  # on-policy in the training precision: the same experts
 
 
 LAYOUTS = {"packed": BatchLayout(packing=True), "padded, micro-batched": BatchLayout(False, 30),
