@@ -20,7 +20,8 @@ from tests.test_cli import ROOT, offline_overrides
 SCRIPT = ROOT / "configs/slurm/servers.sbatch"
 STUBS = {
     "scontrol": 'printf "n1\\nn2\\nn3\\nn4\\n"',
-    "srun": 'printf "%q " "$@" >> "$CALLS"; echo >> "$CALLS"',
+    # one write per call: the calls made in the background would otherwise interleave
+    "srun": 'line=$(printf "%q " "$@"); echo "$line" >> "$CALLS"',
     "curl": "exit 0",
 }
 
@@ -36,8 +37,23 @@ def _run_script(tmp_path: Path, **variables: str) -> tuple[subprocess.CompletedP
                        SLURM_JOB_NODELIST="n[1-4]", GPUS_PER_NODE="2", **variables)  # fmt: skip
     result = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=environment, capture_output=True, text=True,
                             timeout=60)  # fmt: skip
-    lines = calls.read_text().splitlines() if calls.exists() else []
-    return result, [shlex.split(line) for line in lines]
+    return result, [shlex.split(line) for line in _settled_lines(calls)]
+
+
+def _settled_lines(calls: Path, quiet_s: float = 1.0, limit_s: float = 20.0) -> list[str]:
+    """The calls once the stand-ins started in the background (the servers' ``srun ... &``, which the script does
+    not wait for) have written theirs: the file unchanged for ``quiet_s``."""
+    import time
+
+    deadline, last, since = time.monotonic() + limit_s, None, time.monotonic()
+    while time.monotonic() < deadline:
+        text = calls.read_text() if calls.exists() else ""
+        if text != last:
+            last, since = text, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(0.1)
+    return (last or "").splitlines()
 
 
 def _engine(cli) -> object:
