@@ -165,13 +165,11 @@ def split_minibatches(
 
 
 def _routes_block(model: nn.Module, shape: tuple[int, int], replayed: Tensor | None, required: bool = True):
-    """The forwards' experts captured, or ``replayed`` forced (R3). ``required`` False: a model without as many
-    routers as the routes have layers (a dense reference) runs as it is."""
-    if replayed is None:
-        return capture_routes(model, shape)
-    if not required and len(find_routers(model)) != replayed.shape[1]:
+    """The forwards' experts captured, or ``replayed`` forced (R3). ``required`` False (the reference): nothing to
+    capture, and a model without as many routers as the routes have layers (a dense reference) runs as it is."""
+    if not required and (replayed is None or len(find_routers(model)) != replayed.shape[1]):
         return nullcontext()
-    return replay_routes(model, replayed)
+    return capture_routes(model, shape) if replayed is None else replay_routes(model, replayed)
 
 
 def _old_routes(
