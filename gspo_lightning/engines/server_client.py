@@ -40,12 +40,14 @@ class Completion:
     logprobs: list[float] | None
 
 
-def post(url: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
-    """POST ``body`` (JSON) to ``url + path``; the decoded JSON answer (None for an empty one)."""
+def post(url: str, path: str, body: dict[str, Any] | None, timeout: float, as_json: bool = True) -> Any:
+    """POST ``body`` (JSON) to ``url + path``; the decoded JSON answer (None for an empty one), or its text."""
     data = json.dumps(body or {}).encode()
     request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the user's own servers
         text = response.read()
+    if not as_json:
+        return text.decode(errors="replace")
     return json.loads(text) if text else None
 
 
@@ -92,6 +94,9 @@ class Servers:
         retry_seconds: how long a failing request keeps being retried (on the other servers too) before the run
             stops.
         model: the served model's name (``--served-model-name``).
+
+    Attributes:
+        adapter: the name of the LoRA adapter the completions sample with (None: the served model itself).
     """
 
     def __init__(self, urls: Sequence[str], request_timeout: float, retry_seconds: float, model: str) -> None:
@@ -99,13 +104,16 @@ class Servers:
         self.request_timeout = request_timeout
         self.retry_seconds = retry_seconds
         self.model = model
+        self.adapter: str | None = None
         self._figures = [RequestFigures() for _ in self.urls]
         self._sampling_s = 0.0
         self._lock = threading.Lock()
 
-    def call(self, index: int, path: str, body: dict[str, Any] | None = None, failover: bool = False) -> Any:
+    def call(self, index: int, path: str, body: dict[str, Any] | None = None, failover: bool = False,
+             as_json: bool = True) -> Any:  # fmt: skip
         """POST to server ``index`` (with ``failover``: to the next servers in turn while it fails), retried until
-        ``retry_seconds`` have passed; then a ``ServerError`` naming the last server tried and what it said."""
+        ``retry_seconds`` have passed; then a ``ServerError`` naming the last server tried and what it said. The
+        answer decoded from JSON, or (``as_json=False``) its text."""
         deadline = time.monotonic() + self.retry_seconds
         attempt = 0
         while True:
@@ -113,7 +121,7 @@ class Servers:
             url = self.urls[server]
             try:
                 sent = time.perf_counter()
-                answer = post(url, path, body, self.request_timeout)
+                answer = post(url, path, body, self.request_timeout, as_json)
                 if path == "/v1/completions":
                     self._record(server, time.perf_counter() - sent, answer)
                 return answer
@@ -134,7 +142,7 @@ class Servers:
 
         def one(row: int) -> Completion:
             prompt_index, prompt = rows[row]
-            body = completion_request(self.model, prompt, settings, with_logprobs, seed + row)
+            body = completion_request(self.adapter or self.model, prompt, settings, with_logprobs, seed + row)
             answer = self.call(prompt_index % len(self.urls), "/v1/completions", body, failover=True)
             return parse_completion(answer, with_logprobs)
 
@@ -176,9 +184,10 @@ class Servers:
                 taken[f"server{index}/queue_depth"] = float("nan")
         return taken
 
-    def prompt_logprobs(self, index: int, ids: list[int]) -> list[float]:
-        """The log-probs (temperature 1) server ``index`` gives tokens 1.. of ``ids``, each given those before."""
-        body = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0,
+    def prompt_logprobs(self, index: int, ids: list[int], model: str | None = None) -> list[float]:
+        """The log-probs (temperature 1) server ``index`` gives tokens 1.. of ``ids``, each given those before,
+        under ``model`` (a LoRA adapter's name; None: the served model)."""
+        body = {"model": model or self.model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0,
                 "seed": 0, "return_token_ids": True}  # fmt: skip
         entries = self.call(index, "/v1/completions", body)["choices"][0]["prompt_logprobs"][1:]
         return [float(entry[str(token)]["logprob"]) for token, entry in zip(ids[1:], entries)]
@@ -200,6 +209,15 @@ class Servers:
         with self.paused(index):
             kwargs = {"weights_path": weights_path, "is_checkpoint_format": True}
             self.call(index, "/collective_rpc", {"method": "reload_weights", "kwargs": kwargs})
+
+    def load_adapter(self, index: int, name: str, path: str) -> None:
+        """Server ``index`` loads the LoRA adapter at ``path`` under ``name`` (while ``paused``)."""
+        with self.paused(index):
+            self.call(index, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, as_json=False)
+
+    def unload_adapter(self, index: int, name: str) -> None:
+        """Server ``index`` forgets the LoRA adapter ``name`` (no request may name it afterwards)."""
+        self.call(index, "/v1/unload_lora_adapter", {"lora_name": name}, as_json=False)
 
     def server_info(self, index: int) -> dict[str, Any]:
         """What ``/server_info?config_format=json`` says of server ``index`` (its vLLM config)."""

@@ -12,6 +12,9 @@ each server, which stops the run on a mismatch. The update is ``weight_transfer`
 trainer's own GPU); on CPUs checkpoint files the server reloads (``collective_rpc("reload_weights")``), which must
 be readable by the servers (``snapshot_dir`` on a shared file system for servers on other machines).
 
+A LoRA policy's versions travel as its adapter alone where vLLM can apply it (``lora_sync``, see
+:mod:`gspo_lightning.engines.lora_adapters`): the servers hold the frozen base and load each version's adapter.
+
 Servers started by the engine run with ``VLLM_SERVER_DEV_MODE=1`` (which mounts ``/collective_rpc`` and
 ``/reset_prefix_cache``); servers the user starts need it too.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -32,6 +36,8 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, padded, refuse_routes
+from gspo_lightning.engines.lora_adapters import LORA_SYNCS, LoRASync, check_server_lora, resolve_lora_sync
+from gspo_lightning.engines.lora_adapters import served_adapter_name, server_lora_flags
 from gspo_lightning.engines.server_client import Servers
 from gspo_lightning.engines.server_launch import require_free, serve_command, start_server, stop_server
 from gspo_lightning.engines.server_launch import wait_until_healthy
@@ -72,6 +78,10 @@ class VLLMServerEngine(SamplingEngine):
         transfer_address: where servers reach this process for the NCCL rendezvous (null: 127.0.0.1 for servers
             the engine starts, this host's name for ``urls``).
         transfer_port: the first NCCL rendezvous port (rank r's server i uses ``transfer_port + r * n + i``).
+        lora_sync: a LoRA policy's versions: ``auto`` (the adapter alone where vLLM can apply it and
+            ``weight_transfer`` is ``auto`` or ``file``, else merged weights), ``adapter`` (refused where vLLM
+            cannot; servers given by ``urls`` need ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``,
+            and must read ``snapshot_dir``) or ``merged`` (the adapter merged into full weights, every version).
         dtype, enforce_eager, kv_cache_gib, max_model_len, seed, gpu_memory_utilization: as ``VLLMEngine``'s (for
             the servers the engine starts; ``seed`` seeds every request either way).
         sync_check_tolerance, snapshot_dir: as ``VLLMProcessEngine``'s.
@@ -96,6 +106,7 @@ class VLLMServerEngine(SamplingEngine):
         weight_transfer: WeightTransfer = "auto",
         transfer_address: str | None = None,
         transfer_port: int = 29700,
+        lora_sync: LoRASync = "auto",
         dtype: VLLMDtype = "auto",
         enforce_eager: bool | None = None,
         kv_cache_gib: float | None = None,
@@ -116,6 +127,7 @@ class VLLMServerEngine(SamplingEngine):
             require(value > 0, f"sampler.engine.{setting} must be > 0 seconds, got {value!r}")
         require(1 <= port <= 65535 - servers, f"sampler.engine.port must be a free port number, got {port!r}")
         require_one_of("sampler.engine.weight_transfer", weight_transfer, TRANSFERS)
+        require_one_of("sampler.engine.lora_sync", lora_sync, LORA_SYNCS)
         require(1 <= transfer_port <= 65000,
                 f"sampler.engine.transfer_port must be a port number, got {transfer_port!r}")  # fmt: skip
         if cpu_cores is not None:
@@ -132,6 +144,10 @@ class VLLMServerEngine(SamplingEngine):
         self.transfer_endpoint = (transfer_address, transfer_port)
         self.transfer = "file"  # resolved for the trainer's device at setup
         self.links: list[TransferLink] = []
+        self.lora_sync = lora_sync
+        self.adapters = False  # resolved for the policy at setup: versions are adapters on a served base
+        self._adapter_versions = 0
+        self._run = secrets.token_hex(4)  # in the adapters' names: two runs on one server never share one
         self.seed = seed
         self.options = VLLMOptions(dtype, enforce_eager, kv_cache_gib, max_model_len, seed, gpu_memory_utilization) \
             if urls is None else None  # fmt: skip
@@ -151,8 +167,10 @@ class VLLMServerEngine(SamplingEngine):
         policy = pl_module.policy
         dtype = self.options.resolved_dtype(policy, str(trainer.precision)) if self.options else "auto"
         self.snapshots.setup(trainer, pl_module, dtype)
-        self.transfer = resolve_transfer(self.weight_transfer, pl_module.device)
-        first = self.snapshots.take(trainer, pl_module)  # a file: what servers the engine starts load first
+        self.adapters = resolve_lora_sync(self.lora_sync, policy, self.weight_transfer)
+        self.transfer = "file" if self.adapters else resolve_transfer(self.weight_transfer, pl_module.device)
+        # a file: what servers the engine starts load first (of a LoRA policy synced as adapters, the base)
+        first = self.snapshots.take(trainer, pl_module, lora="base" if self.adapters else "merged")
         request_timeout, retry_seconds, startup_timeout = self.timeouts
         if self.urls is None:
             require(trainer.world_size == 1,
@@ -162,7 +180,7 @@ class VLLMServerEngine(SamplingEngine):
             if pl_module.device.type == "cpu":
                 check_cpu_head_size(policy)
             self._directory = model_directory(first, pl_module.tokenizer)
-            urls = self._start_servers(first.path, pl_module.device, dtype)
+            urls = self._start_servers(first.path, pl_module.device, dtype, policy)
             model = SERVED_NAME
         else:
             urls = rank_servers(self.urls, trainer.global_rank, trainer.world_size)
@@ -173,6 +191,8 @@ class VLLMServerEngine(SamplingEngine):
         self._check_servers(policy, pl_module.tokenizer)
         self.loaded = None
         self.load_snapshot(first)
+        if self.adapters:  # the base checked, then the first adapter
+            self.load_snapshot(self.snapshot_weights(trainer, pl_module))
         if self.transfer != "file":
             self._open_links(trainer, self.snapshot_weights(trainer, pl_module))
 
@@ -209,6 +229,8 @@ class VLLMServerEngine(SamplingEngine):
             require(wanted is None or length is None or int(length) >= int(wanted),
                     f"vLLM server {url} has context length {length}, the policy {wanted}: start it with "
                     f"--max-model-len {wanted}")  # fmt: skip
+            if self.adapters and self.urls is not None:
+                check_server_lora(self.client.server_info(index), url, policy)
 
     def before_rollout(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Synchronous use (a round sampled with the current weights, the evaluation): sync them if they changed."""
@@ -218,7 +240,8 @@ class VLLMServerEngine(SamplingEngine):
     def snapshot_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> WeightSnapshot:
         """The trainer's current weights, written for the servers (see ``WeightSnapshots.take``)."""
         started = time.perf_counter()
-        snapshot = self.snapshots.take(trainer, pl_module, in_memory=self.transfer != "file")
+        snapshot = self.snapshots.take(trainer, pl_module, in_memory=self.transfer != "file",
+                                       lora="adapter" if self.adapters else "merged")  # fmt: skip
         with self._figures_lock:
             self._sync_figures["snapshot_s"] += time.perf_counter() - started
         return snapshot
@@ -230,21 +253,37 @@ class VLLMServerEngine(SamplingEngine):
         assert self.client is not None, "VLLMServerEngine.setup must run before its weights are synced"
         started = time.perf_counter()
         ids = self.snapshots.probe_ids().tolist()
+        adapter = None
+        if snapshot.lora == "adapter":
+            self._adapter_versions += 1
+            adapter = served_adapter_name(self.client.model, self._run, self._adapter_versions)
         for index, url in enumerate(self.client.urls):
-            if snapshot.path is not None:
+            if adapter is not None:
+                self.client.load_adapter(index, adapter, str(snapshot.path))
+            elif snapshot.path is not None:
                 self.client.reload(index, snapshot.path)
             else:
                 assert snapshot.tensors is not None and self.links, "an in-memory version needs the transfer engines"
                 with self.client.paused(index):
                     self.links[index].send(snapshot.tensors)
-            engine = torch.tensor(self.client.prompt_logprobs(index, ids), dtype=torch.float32)  # [PROBE_LENGTH - 1]
-            self.snapshots.check(snapshot, engine, where=f"the vLLM server {url}")
+            logprobs = self.client.prompt_logprobs(index, ids, adapter)
+            self.snapshots.check(snapshot, torch.tensor(logprobs), where=f"the vLLM server {url}")  # [PROBE_LENGTH - 1]
+        if snapshot.lora != "merged":
+            self._sample_with(adapter)
         self.loaded = snapshot
         self.synced_step = snapshot.step
         with self._figures_lock:
             figures = self._sync_figures
             figures.update(syncs=figures["syncs"] + 1, sync_s=figures["sync_s"] + time.perf_counter() - started,
                            sync_bytes=figures["sync_bytes"] + snapshot.nbytes)  # fmt: skip
+
+    def _sample_with(self, adapter: str | None) -> None:
+        """Later requests name ``adapter`` (None: the base); the servers forget the one they named before."""
+        assert self.client is not None
+        previous, self.client.adapter = self.client.adapter, adapter
+        if previous is not None:
+            for index in range(len(self.client.urls)):
+                self.client.unload_adapter(index, previous)
 
     def take_figures(self) -> dict[str, float]:
         """Since the last call: ``syncs``, ``sync_s`` (pause, reload, cache reset, resume and probe on every
@@ -300,7 +339,7 @@ class VLLMServerEngine(SamplingEngine):
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
 
-    def _start_servers(self, weights: str, device: torch.device, dtype: str) -> list[str]:
+    def _start_servers(self, weights: str, device: torch.device, dtype: str, policy: nn.Module) -> list[str]:
         """Start ``servers`` vLLM servers from the checkpoint at ``weights``; their URLs once all answer."""
         assert self.options is not None and self._directory is not None
         with open(os.path.join(weights, "config.json")) as handle:
@@ -308,7 +347,9 @@ class VLLMServerEngine(SamplingEngine):
         arguments = self.options.llm_arguments(weights, dtype, device, config, self.need)
         arguments.update(tokenizer=self._directory, load_format="safetensors", served_model_name=SERVED_NAME)
         transfer_arguments, transfer_variables = server_flags(self.transfer)
-        arguments.update(transfer_arguments)
+        lora_arguments, lora_variables = server_lora_flags(policy) if self.adapters else ({}, {})
+        arguments.update(transfer_arguments, **lora_arguments)
+        transfer_variables = {**transfer_variables, **lora_variables}
         urls, logs = [], []
         for index in range(self.servers):
             port = self.port + index

@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +30,9 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
+from gspo_lightning.engines.lora_adapters import write_adapter
 from gspo_lightning.engines.vllm_options import architecture, base_model
-from gspo_lightning.engines.weight_sync import policy_weight_groups
+from gspo_lightning.engines.weight_sync import LoRAWeights, policy_weight_groups
 from gspo_lightning.logprobs import response_logprobs
 from gspo_lightning.strategies import fsdp1_root, inference_context
 from gspo_lightning.validation import require
@@ -49,10 +51,13 @@ class WeightSnapshot:
 
     Attributes:
         step: the trainer's global step when it was taken.
-        path: the directory holding ``config.json`` and ``model.safetensors``; None for a version in memory.
-        probe_logprobs: [PROBE_LENGTH - 1] float32, the trainer's log-probs of the probe's tokens.
+        path: the directory holding ``config.json`` and ``model.safetensors`` (an adapter: ``adapter_config.json``
+            and ``adapter_model.safetensors``); None for a version in memory.
+        probe_logprobs: [PROBE_LENGTH - 1] float32, the trainer's log-probs of the probe's tokens (for the base
+            of a LoRA policy: with the adapter off).
         nbytes: bytes of the tensors written (or held).
         tensors: a version in memory: full tensors under Hugging Face names, on the trainer's device; else None.
+        lora: what it holds of a LoRA policy (``merged`` for any other policy).
     """
 
     step: int
@@ -60,6 +65,7 @@ class WeightSnapshot:
     probe_logprobs: Tensor
     nbytes: int = 0
     tensors: dict[str, Tensor] | None = None
+    lora: LoRAWeights = "merged"
     _finalizer: Any = field(default=None, repr=False)
 
 
@@ -96,10 +102,11 @@ class WeightSnapshots:
         self.probe = probe_tokens(base_model(pl_module.policy).config.vocab_size, len(pl_module.tokenizer))
 
     @torch.no_grad()
-    def take(self, trainer: pl.Trainer, pl_module: pl.LightningModule, in_memory: bool = False) -> WeightSnapshot:
+    def take(self, trainer: pl.Trainer, pl_module: pl.LightningModule, in_memory: bool = False,
+             lora: LoRAWeights = "merged") -> WeightSnapshot:  # fmt: skip
         """The trainer's current weights, written (``in_memory``: copied on the trainer's device, in the engine's
-        dtype), with the trainer's probe log-probs. Every training rank calls this at the same point (a sharded
-        policy is gathered one layer at a time)."""
+        dtype), with the trainer's probe log-probs; of a LoRA policy, ``lora`` says what (see ``LoRAWeights``).
+        Every training rank calls this at the same point (a sharded policy is gathered one layer at a time)."""
         if in_memory:
             dtype = getattr(torch, self.engine_dtype, None) if self.engine_dtype != "auto" else None
             tensors = {name: tensor.detach().to(dtype=dtype, copy=True)
@@ -109,23 +116,27 @@ class WeightSnapshots:
         self._paths = [p for p in self._paths if os.path.exists(p)] + [path]
         try:
             tensors = {}
-            for group in policy_weight_groups(pl_module.policy, self._fsdp1):
+            for group in policy_weight_groups(pl_module.policy, self._fsdp1, lora):
                 for name, tensor in group:  # copied: a group's tensors may be live parameters or freed shards
                     tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
             nbytes = _bytes(tensors)
-            write_checkpoint(path, base_model(pl_module.policy), tensors)
+            if lora == "adapter":
+                write_adapter(path, pl_module.policy, tensors)
+            else:
+                write_checkpoint(path, base_model(pl_module.policy), tensors)
             del tensors
-            expected = self._probe(trainer, pl_module)
+            expected = self._probe(trainer, pl_module, adapter_off=lora == "base")
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
-        snapshot = WeightSnapshot(trainer.global_step, path, expected, nbytes)
+        snapshot = WeightSnapshot(trainer.global_step, path, expected, nbytes, lora=lora)
         snapshot._finalizer = weakref.finalize(snapshot, shutil.rmtree, path, True)
         return snapshot
 
-    def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Tensor:
-        with inference_context(trainer):
-            return probe_logprobs(pl_module.policy, self.probe_ids(), pl_module.device)  # [PROBE_LENGTH - 1]
+    def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule, adapter_off: bool = False) -> Tensor:
+        policy = pl_module.policy
+        with inference_context(trainer), policy.disable_adapter() if adapter_off else nullcontext():
+            return probe_logprobs(policy, self.probe_ids(), pl_module.device)  # [PROBE_LENGTH - 1]
 
     def check(self, snapshot: WeightSnapshot, engine_logprobs: Tensor, where: str = "the engine") -> None:
         """Raise unless ``engine_logprobs`` [PROBE_LENGTH - 1] (the engine's, of the probe) are the trainer's."""

@@ -1,5 +1,6 @@
 """The trainer's current weights for an inference engine: full tensors under Hugging Face names, one decoder
-layer at a time, LoRA adapters merged in.
+layer at a time, LoRA adapters merged in (or, for an engine that loads adapters itself, the base weights and the
+adapter apart: ``lora="base"`` / ``lora="adapter"``).
 
 Under a sharded strategy every rank holds a shard, and every rank's engine needs the whole layer: the groups are
 gathered collectively (FSDP2: each parameter's ``full_tensor()``; FSDP1: ``summon_full_params`` of the layer's
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import nullcontext
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +26,9 @@ _PEFT_PREFIX = "base_model.model."
 
 WeightGroup = list[tuple[str, Tensor]]
 """(Hugging Face parameter name, full tensor) pairs of one decoder layer, or of everything outside the layers."""
+LoRAWeights = Literal["merged", "base", "adapter"]
+"""What a LoRA policy's weights are taken as: the adapter merged into the base weights (every engine can load
+those); the base weights alone; the active adapter's tensors alone, under the names peft saves them with."""
 
 
 def hf_name(name: str) -> str:
@@ -34,12 +39,14 @@ def hf_name(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
-def policy_weight_groups(policy: nn.Module, fsdp1_root: nn.Module | None = None) -> Iterator[WeightGroup]:
+def policy_weight_groups(policy: nn.Module, fsdp1_root: nn.Module | None = None,
+                         lora: LoRAWeights = "merged") -> Iterator[WeightGroup]:  # fmt: skip
     """The policy's weights: the embeddings, final norm and head, then one decoder layer at a time.
 
     Args:
         policy: the Hugging Face causal LM (possibly peft-wrapped, FSDP2-sharded, or inside an FSDP1 root).
         fsdp1_root: under FSDP1, the root unit (the strategy's wrapped model); None otherwise.
+        lora: a LoRA policy's weights merged, its base alone or its adapter alone (see ``LoRAWeights``).
     Yields:
         groups of (name, tensor); a tensor may be the live parameter (do not keep it past the next group).
     """
@@ -49,13 +56,14 @@ def policy_weight_groups(policy: nn.Module, fsdp1_root: nn.Module | None = None)
     # Tied weights under every name (the head's as well as the embeddings'): an engine may keep them apart.
     rest = [(name, p) for name, p in policy.named_parameters(remove_duplicate=False) if id(p) not in in_layers]
     with _gathered(fsdp1_root):  # first: FSDP1 initialises its root on the first gather
-        yield _merged_lora(policy, "", _full(rest, fsdp1_root is not None), skip=layers)
+        yield _resolved_lora(policy, "", _full(rest, fsdp1_root is not None, lora), lora, skip=layers)
     parents = _parents(fsdp1_root) if fsdp1_root is not None else {}
     for layer in layers:
         unit = _enclosing_fsdp_unit(layer, parents) if fsdp1_root is not None else None
         with _gathered(unit):
             prefix = names[id(layer)]
-            yield _merged_lora(layer, prefix, _full(layer.named_parameters(prefix=prefix), unit is not None))
+            full = _full(layer.named_parameters(prefix=prefix), unit is not None, lora)
+            yield _resolved_lora(layer, prefix, full, lora)
 
 
 def _decoder_layers(policy: nn.Module) -> list[nn.Module]:
@@ -84,16 +92,39 @@ def _gathered(unit: nn.Module | None):
     return FSDP.summon_full_params(unit, recurse=False, writeback=False)
 
 
-def _full(named: Iterator[tuple[str, Tensor]] | list[tuple[str, Tensor]], copy: bool) -> dict[str, Tensor]:
+def _full(named: Iterator[tuple[str, Tensor]] | list[tuple[str, Tensor]], copy: bool,
+          lora: LoRAWeights = "merged") -> dict[str, Tensor]:  # fmt: skip
     """Full tensors: a DTensor (FSDP2) gathered; under FSDP1 a copy, since the gathered storage is freed when
-    the unit reshards."""
+    the unit reshards. For ``lora="adapter"`` only the adapters' (nothing else is gathered)."""
     full = {}
     for name, parameter in named:
+        if lora == "adapter" and ".lora_" not in name:
+            continue
         tensor = parameter.detach()
         if isinstance(tensor, DTensor):
             tensor = tensor.full_tensor()
         full[name] = tensor.clone() if copy else tensor
     return full
+
+
+def _resolved_lora(module: nn.Module, prefix: str, full: dict[str, Tensor], lora: LoRAWeights,
+                   skip: list[nn.Module] = ()) -> WeightGroup:  # fmt: skip
+    """``full`` as ``lora`` asks: merged (see ``_merged_lora``); the base alone, names as in the Hugging Face
+    checkpoint; the active adapters' tensors alone, named as peft saves them (``...q_proj.lora_A.weight``)."""
+    if lora == "merged":
+        return _merged_lora(module, prefix, full, skip)
+    if lora == "base":
+        return [(hf_name(name), tensor) for name, tensor in full.items() if ".lora_" not in name]
+    active = {adapter for m in module.modules() if _is_lora_linear(m) for adapter in m.active_adapters}
+    return [(adapter_name(name, adapter), tensor) for name, tensor in full.items() for adapter in active
+            if f".lora_A.{adapter}." in name or f".lora_B.{adapter}." in name]  # fmt: skip
+
+
+def adapter_name(name: str, adapter: str) -> str:
+    """An adapter tensor's name as peft's ``save_pretrained`` writes it: wrappers and the adapter's name removed
+    (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``)."""
+    name = ".".join(part for part in name.split(".") if part not in _WRAPPERS)
+    return name.replace(f".lora_A.{adapter}.", ".lora_A.").replace(f".lora_B.{adapter}.", ".lora_B.")
 
 
 def _merged_lora(module: nn.Module, prefix: str, full: dict[str, Tensor], skip: list[nn.Module] = ()) -> WeightGroup:
@@ -125,6 +156,8 @@ def _is_lora_linear(module: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def policy_state(policy: nn.Module, fsdp1_root: nn.Module | None = None) -> dict[str, Tensor]:
+def policy_state(policy: nn.Module, fsdp1_root: nn.Module | None = None,
+                 lora: LoRAWeights = "merged") -> dict[str, Tensor]:  # fmt: skip
     """All of :func:`policy_weight_groups` in one dict, cloned (for tests and small models)."""
-    return {name: tensor.clone() for group in policy_weight_groups(policy, fsdp1_root) for name, tensor in group}
+    groups = policy_weight_groups(policy, fsdp1_root, lora)
+    return {name: tensor.clone() for group in groups for name, tensor in group}

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests.test_cli import ROOT, tiny_run_config
@@ -72,6 +73,38 @@ def test_streaming_rounds_run_over_a_server(tmp_path):
     rows = _rows(tmp_path)
     assert sorted(int(r["step"]) for r in rows if r.get("train/loss")) == list(range(8))
     assert max(float(r["rollout/lag_tokens_max"]) for r in rows if r.get("rollout/lag_tokens_max")) <= 1
+
+
+def test_a_lora_policy_syncs_its_adapter_alone_and_the_server_samples_with_it(tmp_path):
+    path = _config(tmp_path, 8331, steps=8)
+    config = yaml.safe_load(path.read_text())
+    base = config["model"]["init_args"]["policy"]
+    config["model"]["init_args"]["policy"] = {"class_path": "gspo_lightning.models.LoRA",
+                                              "init_args": {"base": base, "r": 8, "alpha": 16}}  # fmt: skip
+    config["optimizer"] = {"init_args": {"lr": 1.0e-2}}  # large steps: an adapter the server ignored would show
+    config["sampler"]["rewards"] = ["tests.fault_helpers.length_reward"]  # a learning signal from the start
+    path.write_text(yaml.safe_dump(config))
+    result = _fit(path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _rows(tmp_path)
+    kl = [float(r["mismatch/kl"]) for r in rows if r.get("mismatch/kl")]
+    assert len(kl) == 8 and max(kl) < 1e-6, kl  # the server samples with the trainer's adapter, every version
+    sent = [float(r["engine/sync_bytes"]) for r in rows if r.get("engine/syncs")]
+    export = tmp_path / "runs/tiny/version_0/hf_policy"
+    adapter_bytes = (export / "adapter_model.safetensors").stat().st_size
+    assert len(sent) == 2 and 0.9 * adapter_bytes < sent[1] < adapter_bytes  # the adapter alone, not the model
+    from peft import PeftModel
+
+    from gspo_lightning.models import TinyQwen3
+
+    loader = TinyQwen3(**base["init_args"])
+    policy = PeftModel.from_pretrained(loader.load_model(loader.load_tokenizer()), str(export)).eval()
+    ids = torch.arange(20)[None] % 20  # [1, 20]
+    with torch.no_grad():
+        trained = policy(ids).logits.log_softmax(-1)
+        with policy.disable_adapter():
+            moved = (trained - policy(ids).logits.log_softmax(-1)).abs().max()
+    assert moved > 1e-3, moved  # the adapter changes log-probs by far more than the mismatch tolerates
 
 
 def _server_pid(port: int) -> int:
