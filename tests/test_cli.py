@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+from gspo_lightning.asynchronous.settings import AsyncRollouts
 from gspo_lightning.cli import composed_config, main
 from gspo_lightning.data import LoadDataset, SampleDataset
 from gspo_lightning.data.formatting import template_fields
@@ -111,6 +112,18 @@ def test_optimizer_and_schedule_come_from_the_command_line(tmp_path, monkeypatch
     trainable = [p for p in module.policy.parameters() if p.requires_grad]
     assert [p for group in optimizer.param_groups for p in group["params"]] == trainable
     assert scheduler.min_factor == 0.1
+
+
+def test_an_unquoted_off_is_off_in_every_mode_setting(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tiny = tiny_run_config(tmp_path, max_steps=4)
+    off = tmp_path / "off.yaml"  # YAML 1.1 reads an unquoted off as false
+    off.write_text("model:\n  init_args:\n    rollout_correction:\n      mode: off\n    routing_replay: off\n"
+                   "sampler:\n  asynchronous:\n    mode: off\n")  # fmt: skip
+    cli = main(["-c", str(tiny), "-c", str(off)], run=False)
+    assert cli.model.rollout_correction.mode == "off" and cli.model.routing_replay == "off"
+    assert cli.config["sampler"]["asynchronous"]["mode"] is False
+    assert AsyncRollouts(mode=False).mode == "off"
 
 
 def test_the_default_optimizer_is_the_modules(tmp_path, monkeypatch):

@@ -38,12 +38,14 @@ class AsyncRollouts:
         chunk_tokens: ``streaming``: tokens generated per sample between two chances to load new weights (>= 1).
     """
 
-    mode: str = "off"  # checked below (a Literal nested in an optional dataclass gets no readable CLI error)
+    mode: str | bool = "off"  # checked below (a Literal nested in an optional dataclass gets no readable CLI error)
     lag: int = 1
     max_staleness: int = 2
     chunk_tokens: int = 32
 
     def __post_init__(self) -> None:
+        if self.mode is False:  # YAML reads an unquoted off as false
+            object.__setattr__(self, "mode", "off")
         require_one_of("sampler.asynchronous.mode", self.mode, ASYNC_MODES)
         if isinstance(self.lag, bool) or not isinstance(self.lag, int) or not 1 <= self.lag <= MAX_LAG:
             raise SettingError(

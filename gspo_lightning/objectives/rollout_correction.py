@@ -40,14 +40,17 @@ class RolloutCorrection:
     """How training corrects for the engine's sampling distribution differing from the trainer's pi_old.
 
     Attributes:
-        mode: ``off`` (default), ``tis``, ``mis`` or ``token_mask`` (see the module docstring).
+        mode: ``off`` (default), ``tis``, ``mis`` or ``token_mask`` (see the module docstring); YAML reads an
+            unquoted ``off`` as false, which means ``off``.
         threshold: C > 1: the TIS cap, or the bounds [1 / C, C] of the masks.
     """
 
-    mode: CorrectionMode = "off"
+    mode: CorrectionMode | bool = "off"
     threshold: float = 2.0
 
     def __post_init__(self) -> None:
+        if self.mode is False:
+            object.__setattr__(self, "mode", "off")  # frozen: the one place the value is normalised
         if self.mode not in CORRECTION_MODES:
             raise ValueError(f"rollout_correction.mode must be one of {list(CORRECTION_MODES)}, got {self.mode!r}")
         if not (isinstance(self.threshold, int | float) and self.threshold > 1):
