@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
-from gspo_lightning.validation import SettingError, require_one_of
+from gspo_lightning.validation import SettingError
 
 LoRASync = Literal["auto", "adapter", "merged"]
 LORA_SYNCS = ("auto", "adapter", "merged")
@@ -34,6 +34,13 @@ def active_adapter(policy: nn.Module) -> tuple[str, Any] | None:
     active = getattr(policy, "active_adapters", None) or [getattr(policy, "active_adapter", None)]
     names = [name for name in active if name in configs]
     return (names[0], configs[names[0]]) if len(names) == 1 else ("+".join(map(str, active)), None)
+
+
+def _served_config(policy: nn.Module) -> Any:
+    """The ``LoraConfig`` of a policy :func:`adapter_refusal` accepts."""
+    adapter = active_adapter(policy)
+    assert adapter is not None and adapter[1] is not None, "needs a policy whose adapter vLLM can serve"
+    return adapter[1]
 
 
 def adapter_refusal(policy: nn.Module) -> str | None:
@@ -59,8 +66,8 @@ def adapter_refusal(policy: nn.Module) -> str | None:
 
 def resolve_lora_sync(choice: str, policy: nn.Module, weight_transfer: str) -> bool:
     """Whether the policy's versions travel as adapters (``sampler.engine.lora_sync`` resolved for ``policy``):
-    ``auto`` where vLLM can serve the adapter and ``weight_transfer`` leaves files to it; ``adapter`` insists."""
-    require_one_of("sampler.engine.lora_sync", choice, LORA_SYNCS)
+    ``auto`` where vLLM can serve the adapter and ``weight_transfer`` leaves files to it; ``adapter`` insists.
+    ``choice`` is one of ``LORA_SYNCS`` (the engine checks it when it is built)."""
     refusal = adapter_refusal(policy)
     if choice == "merged" or (choice == "auto" and (refusal is not None or weight_transfer in ("nccl", "ipc"))):
         return False
@@ -87,18 +94,15 @@ def max_lora_rank(config: Any) -> int:
 def server_lora_flags(policy: nn.Module) -> tuple[dict[str, Any], dict[str, str]]:
     """The ``vllm serve`` arguments and environment for serving ``policy``'s adapter: LoRA on, one adapter per
     batch (and two in memory, the version being replaced and the next), loadable while the server runs."""
-    adapter = active_adapter(policy)
-    assert adapter is not None and adapter[1] is not None, "server_lora_flags needs a policy adapter_refusal accepts"
-    arguments = {"enable_lora": True, "max_lora_rank": max_lora_rank(adapter[1]), "max_loras": 1, "max_cpu_loras": 2}
+    rank = max_lora_rank(_served_config(policy))
+    arguments = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1, "max_cpu_loras": 2}
     return arguments, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 
 
 def check_server_lora(info: dict[str, Any], url: str, policy: nn.Module) -> None:
     """Refuse, at fit start, a server (``/server_info?config_format=json`` said ``info``) that cannot load
     ``policy``'s adapters: LoRA off, a smaller ``--max-lora-rank``, or adapters not loadable while it runs."""
-    adapter = active_adapter(policy)
-    assert adapter is not None and adapter[1] is not None, "check_server_lora needs a policy adapter_refusal accepts"
-    wanted = max_lora_rank(adapter[1])
+    wanted = max_lora_rank(_served_config(policy))
     lora = (info.get("vllm_config") or {}).get("lora_config") or {}
     fix = "or set sampler.engine.lora_sync: merged"
     if not lora:
@@ -118,9 +122,7 @@ def write_adapter(path: str, policy: nn.Module, tensors: dict[str, Tensor]) -> N
     (the policy's active ``LoraConfig``) and ``adapter_model.safetensors``."""
     from safetensors.torch import save_file
 
-    adapter = active_adapter(policy)
-    assert adapter is not None and adapter[1] is not None, "write_adapter needs a policy adapter_refusal accepts"
-    adapter[1].save_pretrained(path)
+    _served_config(policy).save_pretrained(path)
     save_file(tensors, os.path.join(path, "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
