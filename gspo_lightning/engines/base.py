@@ -135,10 +135,15 @@ class SamplingEngine(ABC):
     ``sampler.asynchronous.mode: streaming`` needs, and what lets fixed lag overlap sampling with training."""
 
     records_routes = False
-    """Whether ``sample(..., with_routes=True)`` reports each token's experts (``model.routing_replay: rollout``);
-    an engine that cannot refuses R3 at setup with ``routes_refusal``."""
-    routes_refusal = "it does not report the experts its forwards chose"
-    """Why an engine does not record routes, and what to use instead (named in the setup error)."""
+    """Whether ``sample(..., with_routes=True)`` reports each token's experts, once set up: the sampler then asks in
+    every round of a mixture-of-experts policy (``model.routing_replay: rollout``, and the routing-change
+    diagnostic without it)."""
+
+    def routes_refusal(self, device: torch.device) -> str | None:
+        """Why the engine cannot record each token's experts for a trainer on ``device``, and what to use instead
+        (named in the error that refuses ``model.routing_replay: rollout``); None where it can. Asked before
+        ``setup``, and again after it for what only setup finds out (e.g. servers started without routes)."""
+        return None if self.records_routes else "it does not report the experts its forwards chose"
 
     need: RoundNeed | None = None
     """What a round holds at once, as the callbacks that sample with this engine ``reserve`` it."""
@@ -203,8 +208,8 @@ class SamplingEngine(ABC):
 def refuse_routes(engine: SamplingEngine, with_routes: bool) -> None:
     """Stop a request for routed experts that ``engine`` cannot serve (R3 refuses such an engine at setup)."""
     if with_routes and not engine.records_routes:
-        refusal = engine.routes_refusal
-        raise NotImplementedError(f"sampler.engine: {engine.name} cannot report routed experts: {refusal}")
+        raise NotImplementedError(f"sampler.engine: {engine.name} cannot report routed experts as it is set up "
+                                  "(SamplingEngine.routes_refusal says why)")  # fmt: skip
 
 
 def ended_with_eos(response_ids: Tensor, eos_token_id: int) -> Tensor:

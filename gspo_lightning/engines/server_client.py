@@ -22,7 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from gspo_lightning.engines.base import SamplingSettings
+from gspo_lightning.engines.vllm_routes import decode_routes
 from gspo_lightning.validation import UserError
 
 
@@ -38,6 +41,7 @@ class Completion:
     token_ids: list[int]
     ended: bool
     logprobs: list[float] | None
+    routes: np.ndarray | None = None  # [prompt + response - 1, decoder layers, k], when asked for
 
 
 def post(url: str, path: str, body: dict[str, Any] | None, timeout: float, as_json: bool = True) -> Any:
@@ -136,15 +140,16 @@ class Servers:
             time.sleep(min(2.0, 0.1 * 2**attempt))
 
     def complete(self, prompts: list[list[int]], settings: SamplingSettings, group_size: int, with_logprobs: bool,
-                 seed: int) -> list[Completion]:  # fmt: skip
-        """``group_size`` responses per prompt, prompt-major (row i * G + g), each request seeded ``seed + row``."""
+                 seed: int, with_routes: bool = False) -> list[Completion]:  # fmt: skip
+        """``group_size`` responses per prompt, prompt-major (row i * G + g), each request seeded ``seed + row``;
+        ``with_routes``: with each one's routed experts (servers started with ``--enable-return-routed-experts``)."""
         rows = [(prompt_index, prompt) for prompt_index, prompt in enumerate(prompts) for _ in range(group_size)]
 
         def one(row: int) -> Completion:
             prompt_index, prompt = rows[row]
             body = completion_request(self.adapter or self.model, prompt, settings, with_logprobs, seed + row)
             answer = self.call(prompt_index % len(self.urls), "/v1/completions", body, failover=True)
-            return parse_completion(answer, with_logprobs)
+            return parse_completion(answer, with_logprobs, with_routes)
 
         workers = max(1, min(len(rows), 64))
         started = time.perf_counter()
@@ -262,8 +267,9 @@ def completion_request(model: str, prompt: list[int], settings: SamplingSettings
     return body
 
 
-def parse_completion(answer: dict[str, Any], with_logprobs: bool) -> Completion:
-    """A ``/v1/completions`` answer as a ``Completion`` (a malformed one is an error naming what is missing)."""
+def parse_completion(answer: dict[str, Any], with_logprobs: bool, with_routes: bool = False) -> Completion:
+    """A ``/v1/completions`` answer as a ``Completion`` (a malformed one is an error naming what is missing; routes
+    are checked against their sequence where they are laid out, ``vllm_routes.engine_routes``)."""
     try:
         choice = answer["choices"][0]
         token_ids = [int(token) for token in choice["token_ids"]]
@@ -274,4 +280,5 @@ def parse_completion(answer: dict[str, Any], with_logprobs: bool) -> Completion:
                 raise ValueError(f"{len(logprobs)} log-probs for {len(token_ids)} tokens")
     except (KeyError, IndexError, TypeError, ValueError) as error:
         raise ServerError(f"a vLLM server's completion lacks what the engine needs ({error!r})") from None
-    return Completion(token_ids, choice.get("finish_reason") == "stop", logprobs)
+    routes = decode_routes(choice.get("routed_experts")) if with_routes else None
+    return Completion(token_ids, choice.get("finish_reason") == "stop", logprobs, routes)

@@ -29,7 +29,8 @@ from transformers import PreTrainedTokenizerBase
 from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, refuse_routes
 from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions, architecture, base_model
 from gspo_lightning.engines.vllm_options import check_cpu_head_size, engine_variables, import_vllm, sample_round
-from gspo_lightning.engines.vllm_options import VLLM_ROUTES_REFUSAL, shut_down, vllm_environment
+from gspo_lightning.engines.vllm_options import shut_down, vllm_environment
+from gspo_lightning.engines.vllm_routes import PolicyRoutes, recorded_routes, routes_refusal
 from gspo_lightning.engines.weight_sync import policy_weight_groups
 from gspo_lightning.strategies import fsdp1_root
 from gspo_lightning.validation import require
@@ -56,13 +57,13 @@ class VLLMEngine(SamplingEngine):
         max_model_len: the engine's context length (None: the policy's).
         seed: seeds every request's sampler together with the round and the rank (reproducible runs).
 
-    Routing Replay from the engine's own expert choices (R3) is not offered: vLLM 0.32 reports routed experts only
-    with its V2 model runner, which needs Triton (GPUs); Routing Replay replays the trainer's pi_old forward
-    (``sampler.old_logprobs: recompute``) with either engine.
+    On GPUs the engine of a mixture-of-experts policy reports each token's experts (vLLM's
+    ``enable_return_routed_experts``) for Rollout Routing Replay (``model.routing_replay: rollout``) and the
+    routing-change diagnostic; on CPUs vLLM 0.32 cannot, and R3 is refused at setup
+    (:mod:`gspo_lightning.engines.vllm_routes`).
     """
 
     name = "vllm"
-    routes_refusal = VLLM_ROUTES_REFUSAL
     reports_logprobs_cheaply = True
 
     def __init__(
@@ -91,6 +92,10 @@ class VLLMEngine(SamplingEngine):
         self._directory: str | None = None
         self._fsdp1_root: nn.Module | None = None
         self._world_size = 1
+        self._routes: PolicyRoutes | None = None  # the policy's, once set up where vLLM reports them
+
+    def routes_refusal(self, device: torch.device) -> str | None:
+        return routes_refusal(device)
 
     # ----- lifecycle -----
 
@@ -105,6 +110,8 @@ class VLLMEngine(SamplingEngine):
         )
         self._fsdp1_root = fsdp1_root(trainer)
         self._world_size = world
+        self._routes = recorded_routes(pl_module.policy, pl_module.device)
+        self.records_routes = self._routes is not None
         if pl_module.device.type == "cpu":
             check_cpu_head_size(pl_module.policy)
         variables = engine_variables(True)
@@ -168,7 +175,7 @@ class VLLMEngine(SamplingEngine):
     ) -> EngineSamples:
         refuse_routes(self, with_routes)
         return sample_round(self.llm, prompt_ids, prompt_mask, settings, group_size, with_logprobs, seed,
-                            tokenizer.pad_token_id)  # fmt: skip
+                            tokenizer.pad_token_id, self._routes if with_routes else None)  # fmt: skip
 
     # ----- construction -----
 
@@ -182,7 +189,8 @@ class VLLMEngine(SamplingEngine):
         config.save_pretrained(self._directory)  # the architecture only: weights come from the trainer
         tokenizer.save_pretrained(self._directory)
         arguments = self.options.llm_arguments(self._directory, self.options.resolved_dtype(policy, precision),
-                                               device, base.config.to_dict(), self.need)  # fmt: skip
+                                               device, base.config.to_dict(), self.need,
+                                               self.records_routes)  # fmt: skip
         arguments.update(load_format="dummy", enable_sleep_mode=self._sleep_enabled,
                          tensor_parallel_size=self.tensor_parallel_size)  # fmt: skip
         if self._world_size > 1:

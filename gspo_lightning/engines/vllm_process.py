@@ -29,7 +29,8 @@ from transformers import PreTrainedTokenizerBase
 from gspo_lightning.engines.base import EngineSamples, SamplingEngine, SamplingSettings, refuse_routes
 from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions
 from gspo_lightning.engines.vllm_options import check_cpu_head_size, engine_variables, import_vllm, sample_round
-from gspo_lightning.engines.vllm_options import VLLM_ROUTES_REFUSAL, shut_down, vllm_environment
+from gspo_lightning.engines.vllm_options import shut_down, vllm_environment
+from gspo_lightning.engines.vllm_routes import PolicyRoutes, recorded_routes, routes_refusal
 from gspo_lightning.engines.weight_snapshots import WeightSnapshot, WeightSnapshots, model_directory
 from gspo_lightning.validation import require
 
@@ -49,7 +50,6 @@ class VLLMProcessEngine(SamplingEngine):
     """
 
     name = "vllm_process"
-    routes_refusal = VLLM_ROUTES_REFUSAL
     runs_in_background = True
 
     def __init__(
@@ -75,6 +75,10 @@ class VLLMProcessEngine(SamplingEngine):
         self.synced_step: int | None = None
         self._directory: str | None = None
         self._watchdog: tuple[subprocess.Popen, int] | None = None
+        self._routes: PolicyRoutes | None = None  # as VLLMEngine's
+
+    def routes_refusal(self, device: torch.device) -> str | None:
+        return routes_refusal(device)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.llm is not None:
@@ -83,6 +87,8 @@ class VLLMProcessEngine(SamplingEngine):
         if pl_module.device.type == "cpu":
             check_cpu_head_size(policy)
         self.snapshots.setup(trainer, pl_module, self.options.resolved_dtype(policy, str(trainer.precision)))
+        self._routes = recorded_routes(policy, pl_module.device)
+        self.records_routes = self._routes is not None
         first = self.snapshot_weights(trainer, pl_module)
         self._directory = model_directory(first, pl_module.tokenizer)
         self.llm = self._build_process(first.path, pl_module.device, trainer.local_rank)
@@ -158,12 +164,13 @@ class VLLMProcessEngine(SamplingEngine):
         if self.loaded is None:
             raise RuntimeError("VLLMProcessEngine.sample before any weights were loaded (setup or load_snapshot)")
         return sample_round(self.llm, prompt_ids, prompt_mask, settings, group_size, with_logprobs, seed,
-                            tokenizer.pad_token_id)  # fmt: skip
+                            tokenizer.pad_token_id, self._routes if with_routes else None)  # fmt: skip
 
     def _build_process(self, path: str, device: torch.device, local_rank: int) -> Any:
         with open(os.path.join(path, "config.json")) as handle:
             config = json.load(handle)
-        arguments = self.options.llm_arguments(path, self.snapshots.engine_dtype, device, config, self.need)
+        arguments = self.options.llm_arguments(path, self.snapshots.engine_dtype, device, config, self.need,
+                                               self.records_routes)  # fmt: skip
         arguments.update(tokenizer=self._directory, load_format="safetensors")
         variables = engine_variables(False)
         cores = None

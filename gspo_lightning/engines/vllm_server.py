@@ -42,8 +42,10 @@ from gspo_lightning.engines.server_client import Servers
 from gspo_lightning.engines.server_launch import require_free, serve_command, start_server, stop_server
 from gspo_lightning.engines.server_launch import wait_until_healthy
 from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions, base_model, check_cpu_head_size
-from gspo_lightning.engines.vllm_options import VLLM_ROUTES_REFUSAL, engine_variables
+from gspo_lightning.engines.vllm_options import engine_variables
 from gspo_lightning.engines.vllm_process import core_set, stop_with_this_process
+from gspo_lightning.engines.vllm_routes import PolicyRoutes, engine_routes, recorded_routes, routes_refusal
+from gspo_lightning.engines.vllm_routes import server_without_routes
 from gspo_lightning.engines.weight_snapshots import WeightSnapshot, WeightSnapshots, model_directory
 from gspo_lightning.engines.weight_transfer import TRANSFERS, TransferLink, WeightTransfer, resolve_transfer
 from gspo_lightning.engines.weight_transfer import server_flags, server_workers
@@ -88,7 +90,6 @@ class VLLMServerEngine(SamplingEngine):
     """
 
     name = "vllm_server"
-    routes_refusal = VLLM_ROUTES_REFUSAL
     runs_in_background = True
     reports_logprobs_cheaply = True
 
@@ -160,6 +161,12 @@ class VLLMServerEngine(SamplingEngine):
         self._started: list[subprocess.Popen] = []
         self._watchdogs: list[tuple[subprocess.Popen, int]] = []
         self._directory: str | None = None
+        self._routes: PolicyRoutes | None = None  # the policy's, once set up on servers that report them
+        self._routes_missing: str | None = None  # why servers given by urls report none (found at setup)
+
+    def routes_refusal(self, device: torch.device) -> str | None:
+        """Started here, as ``VLLMEngine``'s; servers given by ``urls`` are asked at setup."""
+        return self._routes_missing or (routes_refusal(device) if self.urls is None else None)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.client is not None:
@@ -171,6 +178,8 @@ class VLLMServerEngine(SamplingEngine):
         self.transfer = "file" if self.adapters else resolve_transfer(self.weight_transfer, pl_module.device)
         # a file: what servers the engine starts load first (of a LoRA policy synced as adapters, the base)
         first = self.snapshots.take(trainer, pl_module, lora="base" if self.adapters else "merged")
+        self._routes = recorded_routes(policy, pl_module.device) if self.urls is None else PolicyRoutes.of(policy)
+        self.records_routes = self._routes is not None
         request_timeout, retry_seconds, startup_timeout = self.timeouts
         if self.urls is None:
             require(trainer.world_size == 1,
@@ -231,6 +240,11 @@ class VLLMServerEngine(SamplingEngine):
                     f"--max-model-len {wanted}")  # fmt: skip
             if self.adapters and self.urls is not None:
                 check_server_lora(self.client.server_info(index), url, policy)
+            if self.records_routes and self.urls is not None:  # an MoE policy samples without them where none come
+                self._routes_missing = self._routes_missing or server_without_routes(self.client.server_info(index),
+                                                                                     url)  # fmt: skip
+        if self._routes_missing is not None:
+            self._routes, self.records_routes = None, False
 
     def before_rollout(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Synchronous use (a round sampled with the current weights, the evaluation): sync them if they changed."""
@@ -310,15 +324,20 @@ class VLLMServerEngine(SamplingEngine):
         if self.client is None or self.loaded is None:
             raise RuntimeError("VLLMServerEngine.sample before any weights were synced (setup or load_snapshot)")
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]  # P lists
-        completions = self.client.complete(prompts, settings, group_size, with_logprobs, seed)
+        completions = self.client.complete(prompts, settings, group_size, with_logprobs, seed, with_routes)
         device = prompt_ids.device
         response_ids = padded([c.token_ids for c in completions], tokenizer.pad_token_id).to(device)  # [N, R]
         ended = torch.tensor([c.ended for c in completions], device=device)  # [N]
-        logprobs = None
+        logprobs = routes = None
         if with_logprobs:
             rows = [c.logprobs or [] for c in completions]
             logprobs = padded(rows, 0.0, torch.float32)[:, : response_ids.shape[1]].to(device)  # [N, R]
-        return EngineSamples(response_ids, ended, logprobs)
+        if with_routes:  # [N, layers, Lp + R, k]
+            assert self._routes is not None
+            lengths = [len(prompts[row // group_size]) for row in range(len(completions))]
+            routes = engine_routes([c.routes for c in completions], lengths, [len(c.token_ids) for c in completions],
+                                   prompt_ids.shape[1], response_ids.shape[1], self._routes)  # fmt: skip
+        return EngineSamples(response_ids, ended, logprobs, routes)
 
     def teardown(self) -> None:
         """Stop the servers the engine started and remove its files (never raises)."""
@@ -344,7 +363,7 @@ class VLLMServerEngine(SamplingEngine):
         assert self.options is not None and self._directory is not None
         with open(os.path.join(weights, "config.json")) as handle:
             config = json.load(handle)
-        arguments = self.options.llm_arguments(weights, dtype, device, config, self.need)
+        arguments = self.options.llm_arguments(weights, dtype, device, config, self.need, self.records_routes)
         arguments.update(tokenizer=self._directory, load_format="safetensors", served_model_name=SERVED_NAME)
         transfer_arguments, transfer_variables = server_flags(self.transfer)
         lora_arguments, lora_variables = server_lora_flags(policy) if self.adapters else ({}, {})

@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gspo_lightning.engines.base import RoundNeed, SamplingEngine
@@ -49,19 +50,26 @@ def validate_round(advantage_scale: str, max_extra_draws: int) -> None:
     )
 
 
-def check_routing_replay(routing_replay: str, old_logprobs: str, engine: SamplingEngine) -> None:
+def check_routing_replay(routing_replay: str, old_logprobs: str, engine: SamplingEngine, device: torch.device,
+                         set_up: bool = False) -> None:  # fmt: skip
     """R2 replays the experts pi_old's forward recorded (the sampler's own log-probs come without one); R3 needs an
-    engine that records the experts it sampled with."""
+    engine that records the experts it sampled with for a trainer on ``device``: asked before the engine is built,
+    and once it is (``set_up``: whether it does, e.g. servers given by URL found to report none)."""
     require(
         routing_replay != "old" or old_logprobs == "recompute",
         f"model.routing_replay: old needs sampler.old_logprobs: recompute (the experts to replay are recorded by "
         f"the old-policy forward), got sampler.old_logprobs: {old_logprobs!r}; model.routing_replay: rollout "
         "replays the sampling engine's experts instead",
     )
+    if routing_replay != "rollout":
+        return
+    refusal = engine.routes_refusal(device)
+    if refusal is None and set_up and not engine.records_routes:
+        refusal = "it was set up without them"
     require(
-        routing_replay != "rollout" or engine.records_routes,
+        refusal is None,
         f"model.routing_replay: rollout needs a sampling engine that records each token's experts; sampler.engine: "
-        f"{engine.name} does not: {engine.routes_refusal}",
+        f"{engine.name} does not: {refusal}",
     )
 
 

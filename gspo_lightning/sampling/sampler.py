@@ -200,7 +200,7 @@ class GroupSampler(Callback):
         data = DataSide(trainer.datamodule)
         checks.check_rollout_shape(data, self.group_size, self.num_minibatches)
         checks.check_chat_template(data, module.tokenizer, module.policy_loader)
-        checks.check_routing_replay(module.routing_replay, self.old_logprobs, self.engine)
+        checks.check_routing_replay(module.routing_replay, self.old_logprobs, self.engine, trainer.strategy.root_device)
         checks.check_rollout_correction(module.rollout_correction.mode, self.old_logprobs)
         checks.check_data_columns(data, self.rewards, "train", "sampler.rewards")
         if self.round.dynamic_sampling:
@@ -228,6 +228,7 @@ class GroupSampler(Callback):
                 reward.setup(module.tokenizer)
         self.engine.reserve(self._round_need(data, module.tokenizer, context, module.max_new_tokens))
         self.engine.setup(trainer, pl_module)
+        checks.check_routing_replay(module.routing_replay, self.old_logprobs, self.engine, module.device, set_up=True)
 
     def _round_need(self, data: DataSide, tokenizer: Any, context: int | None, max_new_tokens: int) -> RoundNeed:
         """A round's P x G sequences at their longest: prompt with ``max_new_tokens``, or an episode's budget."""

@@ -141,11 +141,12 @@ def test_routes_that_do_not_fit_the_sequence_are_refused_naming_both_shapes(moe)
 
 
 def test_r3_with_an_engine_that_cannot_record_is_refused_at_setup_naming_it():
-    check_routing_replay("rollout", "engine", HFEngine())
+    cpu = torch.device("cpu")
+    check_routing_replay("rollout", "engine", HFEngine(), cpu)
     with pytest.raises(SettingError, match=r"routing_replay: rollout needs .*sampler.engine: vllm does not: vLLM 0.32"):
-        check_routing_replay("rollout", "recompute", VLLMEngine())
+        check_routing_replay("rollout", "recompute", VLLMEngine(), cpu)  # the GPU side: tests/engines/test_vllm_routes
     with pytest.raises(SettingError, match="routing_replay: old needs sampler.old_logprobs: recompute"):
-        check_routing_replay("old", "engine", HFEngine())
+        check_routing_replay("old", "engine", HFEngine(), cpu)
 
 
 def test_r3_training_step_replays_the_samplers_experts(moe):
