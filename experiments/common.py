@@ -323,16 +323,18 @@ def run_and_report(
 
 
 def save_random_qwen3(directory: Path, shape: dict) -> None:
-    """A random Qwen3 of ``shape`` (``Qwen3Config`` keywords) in bfloat16 and a character tokenizer with a chat
-    template, saved as a Hugging Face checkpoint for ``gspo_lightning.models.Pretrained`` (nothing downloaded)."""
+    """A random Qwen3 of ``shape`` (``Qwen3Config`` keywords; with ``num_experts``, ``Qwen3MoeConfig``'s: a
+    Qwen3-MoE) in bfloat16 and a character tokenizer with a chat template, saved as a Hugging Face checkpoint for
+    ``gspo_lightning.models.Pretrained`` (nothing downloaded)."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from gspo_lightning.models import TinyQwen3
     from gspo_lightning.models.char_tokenizer import ASCII_ALPHABET, SIMPLE_CHAT_TEMPLATE
 
     torch.manual_seed(0)
-    Qwen3ForCausalLM(Qwen3Config(**shape)).to(torch.bfloat16).save_pretrained(directory)
+    kind, config = (Qwen3MoeForCausalLM, Qwen3MoeConfig) if "num_experts" in shape else (Qwen3ForCausalLM, Qwen3Config)
+    kind(config(**shape)).to(torch.bfloat16).save_pretrained(directory)
     tokenizer = TinyQwen3(alphabet=ASCII_ALPHABET, chat_template=SIMPLE_CHAT_TEMPLATE,
                           max_position_embeddings=shape["max_position_embeddings"]).load_tokenizer()  # fmt: skip
     tokenizer.save_pretrained(directory)

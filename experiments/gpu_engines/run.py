@@ -61,8 +61,8 @@ def engines(server_gpu: str) -> dict[str, dict]:
     }  # fmt: skip
 
 
-def command(engine: dict, model: Path, steps: int, accelerator: str) -> list[str]:
-    """The CLI run of one engine."""
+def command(engine: dict, model: Path, steps: int, accelerator: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """The CLI run of one engine (``extra``: more overrides)."""
     strategy = "gspo_lightning.strategies.DecoderLayerFSDP2" if accelerator == "gpu" else "auto"
     return [sys.executable, "-m", "gspo_lightning", "fit", "-c", str(ROOT / "configs/quickstart.yaml"),
             f"--trainer.accelerator={accelerator}", "--trainer.devices=1", f"--trainer.max_steps={steps}",
@@ -72,7 +72,7 @@ def command(engine: dict, model: Path, steps: int, accelerator: str) -> list[str
             f"--model.init_args.policy.init_args.name_or_path={model}",
             "--model.init_args.max_new_tokens=64", f"--lr_scheduler.init_args.total_steps={steps}",
             "--sampler.old_logprobs=recompute", f"--sampler.engine={json.dumps(engine)}",
-            "--evaluation.every_n_steps=100000"]  # fmt: skip
+            "--evaluation.every_n_steps=100000", *extra]  # fmt: skip
 
 
 class PeakMemory(threading.Thread):
@@ -93,7 +93,8 @@ class PeakMemory(threading.Thread):
             time.sleep(0.5)
 
 
-def run_one(name: str, engine: dict, model: Path, steps: int, work: Path, timeout: int) -> dict:
+def run_one(name: str, engine: dict, model: Path, steps: int, work: Path, timeout: int,
+            extra: tuple[str, ...] = ()) -> dict:  # fmt: skip
     workdir = work / name
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -101,7 +102,7 @@ def run_one(name: str, engine: dict, model: Path, steps: int, work: Path, timeou
     memory.start()
     started = time.perf_counter()
     try:
-        result = subprocess.run(command(engine, model, steps, "gpu"), cwd=workdir, capture_output=True, text=True,
+        result = subprocess.run(command(engine, model, steps, "gpu", extra), cwd=workdir, capture_output=True, text=True,
                                 env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=timeout)  # fmt: skip
         error = None if result.returncode == 0 else _first_error(result.stderr)
     except subprocess.TimeoutExpired:
@@ -133,7 +134,9 @@ def _figures(rows: list[dict]) -> dict:
     return {"step_s": mean("time/train_s"), "generate_s_per_round": mean("time/generate_s"),
             "sync_s": round(sum(values("engine/sync_s")) / syncs, 4) if syncs else "",
             "sync_bytes": int(max(values("engine/sync_bytes"))) if syncs else "",
-            "mismatch_kl_max": max(values("mismatch/kl") or [float("nan")])}  # fmt: skip
+            "mismatch_kl_max": max(values("mismatch/kl") or [float("nan")]),
+            **({"route_change_mean": mean("moe/rollout_vs_old_change_frac")}
+               if values("moe/rollout_vs_old_change_frac") else {})}  # fmt: skip
 
 
 def check(work: Path) -> int:
