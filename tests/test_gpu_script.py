@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize(
     "script, variants",
-    [("gpu_engines", ["vllm_sleep", "server_ipc", "server_nccl"]), ("gpu_moe_r3", ["vllm_off", "vllm_r3", "server_r3"])],
+    [("gpu_engines", ["vllm_sleep", "server_ipc", "server_nccl"]),
+     ("gpu_moe_r3", ["vllm_off", "vllm_r3", "server_r3"])],
 )
 def test_every_variant_of_the_gpu_scripts_parses_through_the_cli(script, variants):
     result = subprocess.run([sys.executable, str(ROOT / f"experiments/{script}/run.py"), "--check"],

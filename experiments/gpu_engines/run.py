@@ -102,8 +102,8 @@ def run_one(name: str, engine: dict, model: Path, steps: int, work: Path, timeou
     memory.start()
     started = time.perf_counter()
     try:
-        result = subprocess.run(command(engine, model, steps, "gpu", extra), cwd=workdir, capture_output=True, text=True,
-                                env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=timeout)  # fmt: skip
+        result = subprocess.run(command(engine, model, steps, "gpu", extra), cwd=workdir, capture_output=True,
+                                text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=timeout)  # fmt: skip
         error = None if result.returncode == 0 else _first_error(result.stderr)
     except subprocess.TimeoutExpired:
         error = f"did not finish within {timeout} s"

@@ -25,7 +25,6 @@ from gspo_lightning.engines.vllm_options import VLLMOptions  # noqa: E402
 from gspo_lightning.engines.vllm_routes import PolicyRoutes, decode_routes, engine_routes  # noqa: E402
 from gspo_lightning.engines.vllm_routes import server_without_routes  # noqa: E402
 from gspo_lightning.episodes import EpisodeSettings  # noqa: E402
-from gspo_lightning.models import TinyQwen3Moe  # noqa: E402
 from gspo_lightning.moe.rollout_routes import RouteLayoutError  # noqa: E402
 from gspo_lightning.moe.routing import NOT_RECORDED, capture_routes  # noqa: E402
 from gspo_lightning.rollout.checks import check_routing_replay  # noqa: E402
