@@ -4,6 +4,7 @@ in flight continue under new weights with each token's version recorded, and its
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from gspo_lightning.episodes.environment import Environment, Step
 from gspo_lightning.episodes.loop import EpisodeRun
 from gspo_lightning.models import TinyQwen3
 from gspo_lightning.models.char_tokenizer import ASCII_ALPHABET, TOOL_CHAT_TEMPLATE, build_char_tokenizer
+from gspo_lightning.moe.routing import NOT_RECORDED
 from gspo_lightning.rollout.pipeline import Scoring
 from gspo_lightning.rollout.round import RoundSettings
 from tests.conftest import TINY
@@ -217,3 +219,52 @@ def test_an_overlong_prompt_is_cut_to_fit_and_counted(overflow):
     assert rollout.prompt_cut.tolist() == [True] * G + [False] * G
     assert rollout.prompt_mask.sum(-1).max() == 3
     assert (rollout.prompt_skipped is not None) == (overflow == "skip")
+
+
+class RouteChunkEngine(ChunkEngine):
+    """``ChunkEngine`` that also reports routes (R3): every token a call read gets the call's number as its one
+    expert, the call's last sampled token (read by no forward of it) ``NOT_RECORDED``."""
+
+    records_routes = True
+
+    def sample(self, policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs=False,
+               synced_gpus=False, seed=0, with_routes=False):  # fmt: skip
+        samples = super().sample(policy, tokenizer, prompt_ids, prompt_mask, settings, group_size, with_logprobs)
+        call = len(self.chunk_versions)  # 1, 2, ...
+        read = torch.cat([prompt_mask.repeat_interleave(group_size, 0), torch.ones_like(samples.response_ids)], 1)
+        read[:, -1] = 0  # [A, Lc + R]
+        routes = torch.where(read.bool(), call, NOT_RECORDED).to(torch.int16)  # [A, Lc + R]
+        samples.routes = routes[:, None, :, None]  # [A, layers 1, Lc + R, k 1]
+        return samples
+
+
+def test_streamed_routes_come_from_the_call_that_first_read_each_token_and_survive_a_restart():
+    engine = RouteChunkEngine()
+    plan = _plan(engine)
+    plan = replace(plan, run=replace(plan.run, with_routes=True))
+    producer = StreamingProducer(plan, lambda n: (f"{n}+1=", {"answer": str(n + 1)}))
+    try:
+        producer.push_weights(0, 0)
+        engine.gate.release(1)
+        groups = _take_with_chunks(producer, engine, 0, weights={1: 1})  # chunks of 2 tokens over two versions
+        engine.gate.release(3)
+        _wait(lambda: len(producer.finished) == P)  # round 1's groups finished too
+        state = producer.state_dict()
+        kept = {index: [t.routes.clone() for t in group.trajectories] for index, group in producer.finished.items()}
+    finally:
+        _finish(producer, engine)
+    rollout = groups_rollout(groups, plan, "cpu")
+    width = rollout.prompt_ids.shape[1]
+    for row in range(len(rollout)):
+        routes = rollout.routes[row, 0, :, 0]  # [Lp + R]
+        prompt = routes[width - int(rollout.prompt_mask[row].sum()) : width]
+        response = routes[width:]  # 6 tokens in 3 calls: each call reads its 2 new tokens but the last
+        assert (prompt == response[0]).all() and (routes[: width - len(prompt)] == NOT_RECORDED).all()
+        first, second, third = response[0], response[1], response[3]
+        assert first < second < third  # three different calls, in order
+        assert response.tolist() == [first, second, second, third, third, NOT_RECORDED]
+    restored = _producer(RouteChunkEngine())
+    restored.load_state_dict(state)  # finished groups keep their routes through the checkpoint
+    assert sorted(restored.finished) == sorted(kept) == [2, 3]
+    for index, routes in kept.items():
+        assert all(torch.equal(t.routes, r) for t, r in zip(restored.finished[index].trajectories, routes, strict=True))
