@@ -71,3 +71,29 @@ def test_every_rank_gathers_the_full_weights_one_layer_at_a_time(tmp_path, strat
         for name, tensor in initial.items():
             assert torch.equal(saved["weights"][name], tensor), (rank, name)
         assert saved["largest"] <= max(layer, rest)  # never the whole model at once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "fsdp1"])
+def test_every_rank_gathers_a_lora_policys_base_adapter_and_merged_weights(tmp_path, strategy):
+    """What adapter sync sends (``lora_sync``), gathered from shards: the adapter as peft saves it and the base,
+    which make the merged weights; the same on both ranks, after a step moved the adapter."""
+    script = Path(__file__).with_name("weight_sync_ranks.py")
+    command = [sys.executable, str(script), "--strategy", strategy, "--out", str(tmp_path / "weights"), "--lora"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, second = (torch.load(tmp_path / f"weights.rank{rank}.pt") for rank in (0, 1))
+    for kind in ("merged", "base", "adapter"):
+        assert first[kind].keys() == second[kind].keys()
+        assert all(torch.equal(first[kind][name], second[kind][name]) for name in first[kind]), kind
+    merged, base, adapter = first["merged"], first["base"], first["adapter"]
+    assert base.keys() == merged.keys() == _initial_state().keys()
+    for name, tensor in _initial_state().items():
+        assert torch.equal(base[name], tensor), name  # the frozen base is the checkpoint's
+    modules = {name.rsplit(".lora_", 1)[0] for name in adapter}
+    assert len(modules) == 7 * TINY["num_layers"]  # every linear layer of every decoder layer
+    for module in modules:
+        down, up = adapter[f"{module}.lora_A.weight"], adapter[f"{module}.lora_B.weight"]  # [r, in], [out, r]
+        weight = module.removeprefix("base_model.model.") + ".weight"
+        assert up.abs().max() > 0  # the step moved B away from its zero start
+        torch.testing.assert_close(merged[weight], base[weight] + 8 / 4 * up @ down, rtol=0, atol=1e-6)
