@@ -21,6 +21,7 @@ from vllm.utils.serial_utils import numpy2base64  # noqa: E402 - what vLLM's ser
 
 from gspo_lightning.engines import VLLMEngine, VLLMProcessEngine, VLLMServerEngine  # noqa: E402
 from gspo_lightning.engines.server_client import parse_completion  # noqa: E402
+from gspo_lightning.engines.server_launch import serve_command  # noqa: E402
 from gspo_lightning.engines.vllm_options import VLLMOptions  # noqa: E402
 from gspo_lightning.engines.vllm_routes import PolicyRoutes, decode_routes, engine_routes  # noqa: E402
 from gspo_lightning.engines.vllm_routes import server_without_routes  # noqa: E402
@@ -140,6 +141,13 @@ def test_the_engines_ask_vllm_for_routes_with_the_prefix_cache_it_needs():
     arguments = options.llm_arguments("/m", "bfloat16", GPU, {"max_position_embeddings": 64}, routes=True)
     assert arguments["enable_return_routed_experts"] and arguments["enable_prefix_caching"]
     assert "enable_return_routed_experts" not in options.llm_arguments("/m", "bfloat16", GPU, {})
+    # the flags of a server the engine starts are `vllm serve`'s own
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    command = serve_command(dict(arguments), 8000)
+    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "/m", *command[command.index("--host"):]])
+    assert parsed.enable_return_routed_experts and parsed.enable_prefix_caching
 
 
 # --- the round, from stand-ins answering in vLLM's formats --------------------------------------------------------
