@@ -139,20 +139,38 @@ def _figures(rows: list[dict]) -> dict:
                if values("moe/rollout_vs_old_change_frac") else {})}  # fmt: skip
 
 
-def check(work: Path) -> int:
-    """Every variant's command, on a tiny model, parsed and type-checked by the CLI (``--print_config``: the
-    engines' settings against their signatures); nothing is built, so no GPU is needed."""
+def check(work: Path, variants: dict[str, tuple[dict, tuple[str, ...]]] | None = None,
+          shape: dict = TINY_SHAPE) -> int:  # fmt: skip
+    """Every variant's command (name: engine and extra overrides; these engines' by default), on a tiny model of
+    ``shape``, parsed and type-checked by the CLI (``--print_config``: the engines' settings against their
+    signatures); nothing is built, so no GPU is needed."""
+    variants = variants or {name: (engine, ()) for name, engine in engines("0").items()}
     model = work / "tiny"
-    save_random_qwen3(model, TINY_SHAPE)
+    save_random_qwen3(model, shape)
     failed = 0
-    for name, engine in engines("0").items():
-        result = subprocess.run([*command(engine, model, 8, "gpu"), "--print_config"], capture_output=True,
+    for name, (engine, extra) in variants.items():
+        result = subprocess.run([*command(engine, model, 8, "gpu", extra), "--print_config"], capture_output=True,
                                 text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)  # fmt: skip
         status = "parses" if result.returncode == 0 else f"fails: {_first_error(result.stderr)}"
         failed += result.returncode != 0
         print(f"{name}: {status}", flush=True)
     shutil.rmtree(model, ignore_errors=True)
     return 1 if failed else 0
+
+
+def write_results(here: Path, rows: list[dict], command_line: str) -> None:
+    """``results.csv`` and ``output.txt`` (the command, the GPU and the machine, then a row per line) in ``here``."""
+    for row in rows:
+        print(row, flush=True)
+    fields = list(dict.fromkeys(key for row in rows for key in row))
+    with (here / "results.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True).stdout.strip()  # fmt: skip
+    header = f"# {command_line}  ({gpu}, {platform.machine()}, {os.cpu_count()} cores)"
+    (here / "output.txt").write_text(header + "\n" + "\n".join(json.dumps(row) for row in rows) + "\n")
 
 
 def main() -> int:
@@ -171,18 +189,8 @@ def main() -> int:
     save_random_qwen3(model, SHAPE)
     rows = [run_one(name, engines(args.server_gpu)[name], model, args.steps, work, args.timeout)
             for name in args.engines]  # fmt: skip
-    for row in rows:
-        print(row, flush=True)
-    fields = sorted({key for row in rows for key in row}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
-    with (HERE / "results.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True).stdout.strip()  # fmt: skip
-    header = (f"# python experiments/gpu_engines/run.py --steps {args.steps} --server-gpu {args.server_gpu}  "
-              f"({gpu}, {platform.machine()}, {os.cpu_count()} cores)")
-    (HERE / "output.txt").write_text(header + "\n" + "\n".join(json.dumps(row) for row in rows) + "\n")
+    write_results(HERE, rows, f"python experiments/gpu_engines/run.py --steps {args.steps} --server-gpu "
+                              f"{args.server_gpu}")  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
     return 0 if all(not row["error"] for row in rows if row["engine"] != "server_nccl") else 1
 

@@ -22,11 +22,7 @@ GPU's peak memory. Until a GPU has run it the figures are unmeasured (``experime
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -55,22 +51,6 @@ def variants() -> dict[str, tuple[dict, tuple[str, ...]]]:
             "server_r3": (server, (replay + "rollout",))}  # fmt: skip
 
 
-def check(work: Path) -> int:
-    """Every variant's command, on a tiny MoE, parsed and type-checked by the CLI (``--print_config``)."""
-    model = work / "tiny_moe"
-    common.save_random_qwen3(model, TINY_SHAPE)
-    failed = 0
-    for name, (engine, extra) in variants().items():
-        result = subprocess.run([*gpu_engines.command(engine, model, 8, "gpu", extra), "--print_config"],
-                                capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                                timeout=300)  # fmt: skip
-        status = "parses" if result.returncode == 0 else f"fails: {gpu_engines._first_error(result.stderr)}"
-        failed += result.returncode != 0
-        print(f"{name}: {status}", flush=True)
-    shutil.rmtree(model, ignore_errors=True)
-    return 1 if failed else 0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="parse every variant's command; no GPU needed")
@@ -81,7 +61,7 @@ def main() -> int:
     work = HERE / "work"
     work.mkdir(parents=True, exist_ok=True)
     if args.check:
-        return check(work)
+        return gpu_engines.check(work, variants(), TINY_SHAPE)
     model = work / "qwen3_moe"
     common.save_random_qwen3(model, SHAPE)
     chosen = variants()
@@ -89,13 +69,7 @@ def main() -> int:
     for name in args.variants:
         engine, extra = chosen[name]
         rows.append(gpu_engines.run_one(name, engine, model, args.steps, work, args.timeout, extra))
-    for row in rows:
-        print(row, flush=True)
-    common.write_csv(HERE / "results.csv", rows)
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True).stdout.strip()  # fmt: skip
-    header = f"# python experiments/gpu_moe_r3/run.py --steps {args.steps}  ({gpu}, {platform.machine()})"
-    (HERE / "output.txt").write_text(header + "\n" + "\n".join(json.dumps(row) for row in rows) + "\n")
+    gpu_engines.write_results(HERE, rows, f"python experiments/gpu_moe_r3/run.py --steps {args.steps}")
     shutil.rmtree(work, ignore_errors=True)
     return 0 if all(not row["error"] for row in rows) else 1
 
