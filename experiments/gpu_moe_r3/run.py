@@ -9,9 +9,10 @@ and their layout is tested against stand-ins (``tests/engines/test_vllm_routes.p
 the real thing: a random Qwen3-MoE (16 layers of 32 experts, top-4, width 1,024, Qwen3's vocabulary) trained
 through the CLI as ``experiments/gpu_engines`` trains its dense model, once per variant in a fresh process:
 
-- ``vllm_off``: the colocated ``vllm`` engine with sleep mode, ``routing_replay: off``; the engine still records
-  its experts, so ``moe/rollout_vs_old_change_frac`` says how many of them the trainer's pi_old would replace;
-- ``vllm_r3``: the same with ``routing_replay: rollout`` (every route checked against its sequence on arrival);
+- ``vllm_off``: the colocated ``vllm`` engine with sleep mode, ``routing_replay: off``: the mismatch KL without
+  replay (the engine records no experts then);
+- ``vllm_r3``: the same with ``routing_replay: rollout`` (every route checked against its sequence on arrival;
+  ``moe/rollout_vs_old_change_frac`` says how many of vLLM's experts the trainer's pi_old would have replaced);
 - ``server_r3``: ``vllm_server`` on the same GPU (``weight_transfer: ipc``), R3, routes from the server's answers.
 
 Recorded per variant: seconds per step, sampling seconds per round, the largest mismatch KL (engine log-probs

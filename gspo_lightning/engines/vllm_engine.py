@@ -57,9 +57,8 @@ class VLLMEngine(SamplingEngine):
         max_model_len: the engine's context length (None: the policy's).
         seed: seeds every request's sampler together with the round and the rank (reproducible runs).
 
-    On GPUs the engine of a mixture-of-experts policy reports each token's experts (vLLM's
-    ``enable_return_routed_experts``) for Rollout Routing Replay (``model.routing_replay: rollout``) and the
-    routing-change diagnostic; on CPUs vLLM 0.32 cannot, and R3 is refused at setup
+    On GPUs, under Rollout Routing Replay (``model.routing_replay: rollout``), the engine reports each token's
+    experts (vLLM's ``enable_return_routed_experts``); on CPUs vLLM 0.32 cannot, and R3 is refused at setup
     (:mod:`gspo_lightning.engines.vllm_routes`).
     """
 
@@ -110,7 +109,8 @@ class VLLMEngine(SamplingEngine):
         )
         self._fsdp1_root = fsdp1_root(trainer)
         self._world_size = world
-        self._routes = recorded_routes(pl_module.policy, pl_module.device)
+        refusal = self.routes_refusal(pl_module.device)
+        self._routes = recorded_routes(pl_module.policy, pl_module.routing_replay, refusal)
         self.records_routes = self._routes is not None
         if pl_module.device.type == "cpu":
             check_cpu_head_size(pl_module.policy)

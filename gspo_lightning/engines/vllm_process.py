@@ -87,7 +87,7 @@ class VLLMProcessEngine(SamplingEngine):
         if pl_module.device.type == "cpu":
             check_cpu_head_size(policy)
         self.snapshots.setup(trainer, pl_module, self.options.resolved_dtype(policy, str(trainer.precision)))
-        self._routes = recorded_routes(policy, pl_module.device)
+        self._routes = recorded_routes(policy, pl_module.routing_replay, self.routes_refusal(pl_module.device))
         self.records_routes = self._routes is not None
         first = self.snapshot_weights(trainer, pl_module)
         self._directory = model_directory(first, pl_module.tokenizer)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,10 +51,12 @@ def server_without_routes(info: dict, url: str) -> str | None:
     return f"vLLM server {url} was started without {SERVER_FLAG}: start every server with it (on GPUs)"
 
 
-def recorded_routes(policy: nn.Module, device: torch.device) -> PolicyRoutes | None:
-    """What a vLLM engine for ``policy`` on a trainer on ``device`` records: the policy's routes where vLLM reports
-    them and the policy has routers, else None (the engine is built without them)."""
-    return PolicyRoutes.of(policy) if routes_refusal(device) is None else None
+def recorded_routes(policy: nn.Module, routing_replay: str, refusal: str | None) -> PolicyRoutes | None:
+    """What a vLLM engine for ``policy`` records: the policy's routes under R3 (``routing_replay: rollout``) where
+    the engine can (``refusal`` None), else None (the engine is built without them). Only under R3: vLLM's
+    routes store costs memory and a copy per step, and refuses some setups (pipeline parallelism, monolithic MoE
+    kernels), which a run that replays nothing must not pay for."""
+    return PolicyRoutes.of(policy) if routing_replay == "rollout" and refusal is None else None
 
 
 @dataclass(frozen=True)
@@ -82,18 +85,27 @@ class PolicyRoutes:
 
 
 def decode_routes(encoded: str | None) -> np.ndarray | None:
-    """A server's ``routed_experts`` (base64 of ``np.save``'s bytes) as an array; never unpickles (the bytes come
-    from the network)."""
+    """A server's ``routed_experts`` (base64 of ``np.save``'s bytes) as an array. The bytes come from the network:
+    nothing is unpickled, and the header is read first, so an array claiming more data than the payload holds (an
+    allocation of any size from a few bytes) is refused before anything is allocated."""
     if encoded is None:
         return None
     try:
-        array = np.load(io.BytesIO(base64.b64decode(encoded, validate=True)), allow_pickle=False)
+        raw = base64.b64decode(encoded, validate=True)
+        header = io.BytesIO(raw)
+        version = np.lib.format.read_magic(header)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(header)
     except (binascii.Error, ValueError, OSError, EOFError) as error:
         raise RouteLayoutError(f"a vLLM server's routed_experts is not a base64 .npy array ({error})") from None
-    if not isinstance(array, np.ndarray) or array.dtype.kind not in "iu":
-        kind = getattr(array, "dtype", type(array).__name__)
-        raise RouteLayoutError(f"a vLLM server's routed_experts must hold integers, got {kind}")
-    return array
+    if dtype.kind not in "iu":
+        raise RouteLayoutError(f"a vLLM server's routed_experts must hold integers, got {dtype}")
+    if math.prod(shape) * dtype.itemsize > len(raw) - header.tell():
+        raise RouteLayoutError(f"a vLLM server's routed_experts claims shape {shape} but holds {len(raw)} bytes")
+    try:
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise RouteLayoutError(f"a vLLM server's routed_experts is not a base64 .npy array ({error})") from None
 
 
 def engine_routes(

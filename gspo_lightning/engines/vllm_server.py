@@ -45,7 +45,7 @@ from gspo_lightning.engines.vllm_options import VLLMDtype, VLLMOptions, base_mod
 from gspo_lightning.engines.vllm_options import engine_variables
 from gspo_lightning.engines.vllm_process import core_set, stop_with_this_process
 from gspo_lightning.engines.vllm_routes import PolicyRoutes, engine_routes, recorded_routes, routes_refusal
-from gspo_lightning.engines.vllm_routes import server_without_routes
+from gspo_lightning.engines.vllm_routes import SERVER_FLAG, server_without_routes
 from gspo_lightning.engines.weight_snapshots import WeightSnapshot, WeightSnapshots, model_directory
 from gspo_lightning.engines.weight_transfer import TRANSFERS, TransferLink, WeightTransfer, resolve_transfer
 from gspo_lightning.engines.weight_transfer import server_flags, server_workers
@@ -178,7 +178,7 @@ class VLLMServerEngine(SamplingEngine):
         self.transfer = "file" if self.adapters else resolve_transfer(self.weight_transfer, pl_module.device)
         # a file: what servers the engine starts load first (of a LoRA policy synced as adapters, the base)
         first = self.snapshots.take(trainer, pl_module, lora="base" if self.adapters else "merged")
-        self._routes = recorded_routes(policy, pl_module.device) if self.urls is None else PolicyRoutes.of(policy)
+        self._routes = recorded_routes(policy, pl_module.routing_replay, self.routes_refusal(pl_module.device))
         self.records_routes = self._routes is not None
         request_timeout, retry_seconds, startup_timeout = self.timeouts
         if self.urls is None:
@@ -198,6 +198,8 @@ class VLLMServerEngine(SamplingEngine):
         if model is None:
             self.client.model = self.client.describe_model(0)["id"]
         self._check_servers(policy, pl_module.tokenizer)
+        if self.records_routes and self.urls is not None:
+            self._check_server_routes(trainer)
         self.loaded = None
         self.load_snapshot(first)
         if self.adapters:  # the base checked, then the first adapter
@@ -240,10 +242,18 @@ class VLLMServerEngine(SamplingEngine):
                     f"--max-model-len {wanted}")  # fmt: skip
             if self.adapters and self.urls is not None:
                 check_server_lora(self.client.server_info(index), url, policy)
-            if self.records_routes and self.urls is not None:  # an MoE policy samples without them where none come
-                self._routes_missing = self._routes_missing or server_without_routes(self.client.server_info(index),
-                                                                                     url)  # fmt: skip
-        if self._routes_missing is not None:
+
+    def _check_server_routes(self, trainer: pl.Trainer) -> None:
+        """Servers given by ``urls`` report routes only if started with them: found out here, and agreed over the
+        training ranks (each asks its own servers), so that R3 stops on every rank, not on one while the others
+        wait in a collective (the refusal then comes from the sampler's check after setup)."""
+        assert self.client is not None
+        for index, url in enumerate(self.client.urls):
+            self._routes_missing = self._routes_missing or server_without_routes(self.client.server_info(index), url)
+        if not trainer.strategy.reduce_boolean_decision(self._routes_missing is None, all=True):
+            self._routes_missing = self._routes_missing or (
+                f"a vLLM server of another training rank was started without {SERVER_FLAG}"
+            )
             self._routes, self.records_routes = None, False
 
     def before_rollout(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -23,7 +23,7 @@ from gspo_lightning.engines import VLLMEngine, VLLMProcessEngine, VLLMServerEngi
 from gspo_lightning.engines.server_client import parse_completion  # noqa: E402
 from gspo_lightning.engines.server_launch import serve_command  # noqa: E402
 from gspo_lightning.engines.vllm_options import VLLMOptions  # noqa: E402
-from gspo_lightning.engines.vllm_routes import PolicyRoutes, decode_routes, engine_routes  # noqa: E402
+from gspo_lightning.engines.vllm_routes import PolicyRoutes, decode_routes, engine_routes, recorded_routes  # noqa: E402
 from gspo_lightning.engines.vllm_routes import server_without_routes  # noqa: E402
 from gspo_lightning.episodes import EpisodeSettings  # noqa: E402
 from gspo_lightning.moe.rollout_routes import RouteLayoutError  # noqa: E402
@@ -91,7 +91,7 @@ def test_a_servers_routes_decode_from_vllms_own_encoding_and_nothing_is_unpickle
 
     buffer = io.BytesIO()
     np.save(buffer, np.array([Hostile()], dtype=object), allow_pickle=True)
-    with pytest.raises(RouteLayoutError, match="not a base64 .npy array"):
+    with pytest.raises(RouteLayoutError, match="must hold integers, got object"):
         decode_routes(base64.b64encode(buffer.getvalue()).decode())
     assert not (tmp_path / "pwned").exists()
     with pytest.raises(RouteLayoutError, match="not a base64 .npy array"):
@@ -100,6 +100,11 @@ def test_a_servers_routes_decode_from_vllms_own_encoding_and_nothing_is_unpickle
         decode_routes("not base64!")
     with pytest.raises(RouteLayoutError, match="must hold integers, got float32"):
         decode_routes(numpy2base64(np.zeros((2, 3, 2), dtype=np.float32)))
+    # a header claiming a terabyte, in a hundred bytes: refused before anything is allocated
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False, "shape": (10**12, 3, 2)})
+    with pytest.raises(RouteLayoutError, match=r"claims shape \(1000000000000, 3, 2\) but holds"):
+        decode_routes(base64.b64encode(header.getvalue()).decode())
 
 
 def test_the_policys_moe_layers_are_found_by_decoder_layer():
@@ -130,10 +135,38 @@ def test_servers_started_without_routes_are_named_with_the_flag_to_add():
             f"vLLM server {url} was started without --enable-return-routed-experts: start every server with it "
             "(on GPUs)"
         )
-    engine = VLLMServerEngine(urls=[url])
-    engine._routes_missing = server_without_routes({}, url)  # what setup found
-    with pytest.raises(SettingError, match="vllm_server does not: vLLM server http://node7:8000 was started without"):
-        check_routing_replay("rollout", "recompute", engine, GPU, set_up=True)
+    with_routes = {"vllm_config": {"aux_output_config": {"enable_return_routed_experts": True}}}
+    for infos, others_agree, missing in [
+        ([with_routes, with_routes], True, None),
+        ([with_routes, {}], True, "vLLM server http://node8:8000 was started without --enable-return-routed-experts"),
+        ([with_routes, with_routes], False, "a vLLM server of another training rank was started without"),
+    ]:
+        engine = _set_up_with_urls(["http://node7:8000", "http://node8:8000"], infos, others_agree)
+        if missing is None:
+            assert engine.records_routes and engine.routes_refusal(CPU) is None
+            check_routing_replay("rollout", "recompute", engine, CPU, set_up=True)
+            continue
+        assert not engine.records_routes and engine._routes is None  # every rank samples without them
+        with pytest.raises(SettingError, match=f"vllm_server does not: {missing}"):
+            check_routing_replay("rollout", "recompute", engine, CPU, set_up=True)
+
+
+def _set_up_with_urls(urls, infos, others_agree):
+    """What setup leaves of a routes check on servers given by ``urls`` whose ``/server_info`` says ``infos``, on a
+    rank whose peers agree (``others_agree``) or not."""
+    engine = VLLMServerEngine(urls=urls)
+    engine.client = SimpleNamespace(urls=urls, server_info=lambda index: infos[index])
+    engine._routes, engine.records_routes = TWO_OF_THREE, True
+    decide = lambda mine, all: mine and others_agree  # noqa: E731 - reduce_boolean_decision over the ranks
+    engine._check_server_routes(SimpleNamespace(strategy=SimpleNamespace(reduce_boolean_decision=decide)))
+    return engine
+
+
+def test_vllm_engines_record_routes_only_under_r3():
+    policy, _ = _sharp_moe()
+    assert recorded_routes(policy, "rollout", None) == PolicyRoutes.of(policy)
+    assert recorded_routes(policy, "old", None) is None and recorded_routes(policy, "off", None) is None
+    assert recorded_routes(policy, "rollout", "vLLM 0.32 cannot") is None
 
 
 def test_the_engines_ask_vllm_for_routes_with_the_prefix_cache_it_needs():
