@@ -67,7 +67,7 @@ def _module(size: str, lora: bool) -> SimpleNamespace:
                                   target_modules="all-linear")  # fmt: skip
         policy = peft.get_peft_model(policy, adapter).eval()
     tokenizer = TinyQwen3(alphabet=ASCII_ALPHABET, max_position_embeddings=256).load_tokenizer()
-    return SimpleNamespace(policy=policy, tokenizer=tokenizer, device=torch.device("cpu"))
+    return SimpleNamespace(policy=policy, tokenizer=tokenizer, device=torch.device("cpu"), routing_replay="off")
 
 
 def worker(size: str, engine_name: str, reps: int) -> dict:

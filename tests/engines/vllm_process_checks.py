@@ -29,7 +29,7 @@ def main() -> None:
     policy = loader.load_model(tokenizer).eval()
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False)  # fmt: skip
-    module = SimpleNamespace(policy=policy, tokenizer=tokenizer, device=torch.device("cpu"))
+    module = SimpleNamespace(policy=policy, tokenizer=tokenizer, device=torch.device("cpu"), routing_replay="off")
     engine = VLLMProcessEngine(seed=0)
     results: dict = {}
     paths: list[str] = []
